@@ -1,0 +1,196 @@
+"""The ``dblog`` command line: the same operations as the Airflow operators, for people and scripts.
+
+Every failure prints one line ``dblog: error: ...`` naming the problem and the fix, and exits 2
+(bad input) or 1 (anything else); nothing is written before the input has been validated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from airflow_dblog.config import Config, load_config
+from airflow_dblog.errors import ConfigError, DblogError, InputError
+from airflow_dblog.metadata import MetadataStore
+from airflow_dblog.redact import redact
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _config_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-c", "--config", required=True, metavar="FILE", help="stream config (YAML)"
+    )
+
+
+def _dump_id_arg(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    parser.add_argument("--dump", type=int, required=required, metavar="ID", help="dump id")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dblog",
+        description="DBLog-style change data capture: stream the binlog/WAL and dump tables "
+        "in watermark-bounded chunks into Delta Lake and Kafka.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("stream", help="run the long-lived streaming job for one source")
+    _config_arg(p)
+    p.set_defaults(handler=_stream)
+
+    p = sub.add_parser(
+        "dump",
+        help="request a dump of all tables, one table, or specific primary keys",
+        description="Plan a dump; the running stream executes it. Prints the dump id last.",
+    )
+    _config_arg(p)
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--table", action="append", metavar="DB.TABLE", help="table to dump (repeatable)"
+    )
+    what.add_argument("--all", action="store_true", help="dump every table in source.tables")
+    p.add_argument(
+        "--pk",
+        action="append",
+        metavar="JSON",
+        help='a primary key to dump: 42, "abc", [1, "x"] or {"id": 1} (repeatable; needs --table)',
+    )
+    p.add_argument("--requested-by", default="cli", help="who asked (stored with the dump)")
+    p.set_defaults(handler=_dump)
+
+    p = sub.add_parser("status", help="show dumps and their progress")
+    _config_arg(p)
+    _dump_id_arg(p, required=False)
+    p.add_argument("--json", action="store_true", help="print JSON (state, chunks_total, ...)")
+    p.set_defaults(handler=_status)
+
+    for action, text in (
+        ("pause", "stop handing out new chunks of a dump"),
+        ("resume", "continue a paused dump"),
+        ("cancel", "cancel a dump; chunks not yet emitted are dropped"),
+    ):
+        p = sub.add_parser(action, help=text)
+        _config_arg(p)
+        _dump_id_arg(p)
+        p.set_defaults(handler=_control, action=action)
+
+    p = sub.add_parser("set", help="change chunk size, delay or parallelism of the running stream")
+    _config_arg(p)
+    p.add_argument("--chunk-size", type=int, metavar="N")
+    p.add_argument("--delay-ms", type=int, metavar="N")
+    p.add_argument("--parallelism", type=int, metavar="N")
+    p.set_defaults(handler=_set)
+
+    p = sub.add_parser("db", help="manage the metadata database")
+    db_sub = p.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    up = db_sub.add_parser("upgrade", help="apply metadata migrations (also done on first use)")
+    _config_arg(up)
+    up.set_defaults(handler=_db_upgrade)
+    return parser
+
+
+def _load(args: argparse.Namespace) -> tuple[Config, MetadataStore]:
+    config = load_config(args.config)
+    return config, MetadataStore(config.metadata_url)
+
+
+def _stream(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    from airflow_dblog.stream_job import run_stream  # imports pyspark: only when streaming
+
+    return run_stream(config)
+
+
+def _dump(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    if args.pk and (not args.table or len(args.table) != 1):
+        raise InputError("--pk needs exactly one --table", "name the table the keys belong to")
+    from airflow_dblog.planner import plan_dump  # talks to the source database
+
+    store = MetadataStore(config.metadata_url)
+    keys = [_parse_key(text) for text in args.pk or []]
+    dump_id = plan_dump(
+        config,
+        store,
+        tables=None if args.all else args.table,
+        keys=keys or None,
+        requested_by=args.requested_by,
+    )
+    progress = store.progress(dump_id)
+    print(f"planned dump {dump_id} of {', '.join(progress.tables)}: {progress.chunks_total} chunks")
+    print(dump_id)
+    return 0
+
+
+def _parse_key(text: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise InputError(
+            f"--pk {text!r} is not JSON",
+            'quote strings and write composite keys as [1, "x"] or {"col": 1}',
+        ) from None
+
+
+def _status(args: argparse.Namespace) -> int:
+    config, store = _load(args)
+    dumps = [store.dump(args.dump)] if args.dump else store.dumps(config.name)
+    progress = [store.progress(d.id).as_dict() for d in dumps]
+    if args.json:
+        print(json.dumps(progress[0] if args.dump else progress, indent=2))
+        return 0
+    if not progress:
+        print(f"no dumps for stream {config.name}")
+    for p in progress:
+        line = (
+            f"dump {p['dump_id']} [{p['state']}] {', '.join(p['tables'])}: "
+            f"{p['chunks_done']}/{p['chunks_total']} chunks ({p['percent']}%), "
+            f"{p['rows_emitted']} rows emitted, {p['rows_dropped']} dropped as conflicting"
+        )
+        print(line + (f" - {p['reason']}" if p["reason"] else ""))
+    return 0
+
+
+def _control(args: argparse.Namespace) -> int:
+    _, store = _load(args)
+    dump = store.apply(args.dump, args.action)
+    print(f"dump {dump.id} is now {dump.state}")
+    return 0
+
+
+def _set(args: argparse.Namespace) -> int:
+    if args.chunk_size is None and args.delay_ms is None and args.parallelism is None:
+        raise InputError("nothing to set", "pass --chunk-size, --delay-ms or --parallelism")
+    config, store = _load(args)
+    store.set_controls(config.name, args.chunk_size, args.delay_ms, args.parallelism)
+    settings = store.controls(config.name, config.dump)
+    print(
+        f"stream {config.name}: chunk_size={settings.chunk_size} delay_ms={settings.delay_ms} "
+        f"parallelism={settings.parallelism}"
+    )
+    return 0
+
+
+def _db_upgrade(args: argparse.Namespace) -> int:
+    _, store = _load(args)
+    print(f"metadata database {redact(store.url)} is at revision {store.revision()}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except DblogError as err:
+        print(f"dblog: error: {redact(str(err))}", file=sys.stderr)
+        return 2 if isinstance(err, (ConfigError, InputError)) else 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

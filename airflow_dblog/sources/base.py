@@ -1,0 +1,95 @@
+"""What the capture engine needs from a source database, whatever its kind.
+
+A ``Source`` answers questions about tables and runs the chunk SELECTs and watermark writes; a
+``ChangelogReader`` turns the binlog or WAL into ``LogItem``s. The chunk executor and the merge
+use only these two protocols, so MySQL/MariaDB and PostgreSQL differ only in their modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from airflow_dblog.events import LogItem, Row, TableId
+
+Key = tuple[Any, ...]
+Offset = dict[str, Any]  # JSON-able resume token of a reader
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str  # the server's type name, e.g. "int", "varchar(20)", "uuid", "timestamp"
+    nullable: bool
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    table: TableId
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]  # primary key columns in index order
+
+    def key_of(self, row: Row) -> Key:
+        return tuple(row[c] for c in self.key)
+
+
+@dataclass(frozen=True)
+class SnapshotChunk:
+    """Rows read in a snapshot plus what the snapshot says about the log (``snapshot`` mode)."""
+
+    rows: list[tuple[Key, Row]]
+    window: dict[str, Any]  # serialised window (see airflow_dblog.window)
+
+
+class Source(Protocol):
+    kind: str  # "mysql" | "postgres"
+
+    def describe(self, table: TableId) -> TableSchema:
+        """Columns and primary key; InputError for an unknown table or one without a key."""
+        ...
+
+    def max_key(self, table: TableId) -> Key | None: ...
+
+    def estimate_rows(self, table: TableId) -> int: ...
+
+    def next_bound(self, table: TableId, after: Key | None, upto: Key, n: int) -> Key | None:
+        """The n-th key after ``after`` (at most ``upto``), read from the key index only.
+
+        ``None`` when fewer than n keys remain: the chunk runs to ``upto``.
+        """
+        ...
+
+    def select_range(
+        self, table: TableId, lower: Key | None, upper: Key, limit: int
+    ) -> list[tuple[Key, Row]]:
+        """Keyset page ``lower < key <= upper ORDER BY key LIMIT limit``; lower None: from start."""
+        ...
+
+    def select_keys(self, table: TableId, keys: Sequence[Key]) -> list[tuple[Key, Row]]: ...
+
+    def coerce_key(self, table: TableId, key: Sequence[Any]) -> Key:
+        """A user-given key (JSON values) in the column types; InputError if it cannot match."""
+        ...
+
+    def write_watermark(self, stream: str, value: str) -> None:
+        """``table`` strategy: set the stream's row of the watermark table to ``value``."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ChangelogReader(Protocol):
+    def read(self, max_items: int, timeout_s: float) -> list[LogItem]:
+        """Up to ``max_items`` items in commit order; a Heartbeat when idle for ``timeout_s``."""
+        ...
+
+    def offset(self) -> Offset:
+        """Resume token: a reader opened with it continues right after the last item returned."""
+        ...
+
+    def acknowledge(self, offset: Offset) -> None:
+        """Everything up to ``offset`` is committed downstream; the source may free it."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,114 @@
+"""The metadata store on SQLite, PostgreSQL and MariaDB: migrations, dump state machine, chunks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_dblog.config import DumpSettings
+from airflow_dblog.errors import MetadataError
+from airflow_dblog.metadata import MetadataStore
+from airflow_dblog.metadata.store import TablePlan
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.integration),
+        pytest.param("mariadb", marks=pytest.mark.integration),
+    ]
+)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> MetadataStore:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/meta.db"
+    elif request.param == "postgres":
+        url = request.getfixturevalue("postgres_db").sqlalchemy_url
+    else:
+        url = request.getfixturevalue("mysql_db").sqlalchemy_url
+    store = MetadataStore(url)
+    yield store
+    store.engine.dispose()
+
+
+def test_migrations_apply_once_and_are_idempotent(store: MetadataStore) -> None:
+    assert store.revision() == "0001"
+    store.upgrade()
+    assert store.revision() == "0001"
+
+
+def test_range_chunks_are_cut_from_the_cursor_and_finish_the_dump(store: MetadataStore) -> None:
+    dump_id = store.create_dump(
+        "s", "tables", [TablePlan("app.t", ["a", "b"], [9, "z"], 25)], "tester", chunk_size=10
+    )
+    assert store.progress(dump_id).chunks_total == 3
+    table = store.dump_tables(dump_id)[0]
+    first = store.cut_range_chunk(table.id, None, [3, "k"], "w1")
+    assert first is not None and (first.lower_key, first.upper_key) == (None, [3, "k"])
+    # a second worker holding a stale cursor loses the compare-and-set
+    assert store.cut_range_chunk(table.id, None, [4, "a"], "w2") is None
+    last = store.cut_range_chunk(table.id, [3, "k"], None, "w2")
+    assert last is not None and (last.lower_key, last.upper_key, last.seq) == (
+        [3, "k"],
+        [9, "z"],
+        1,
+    )
+    assert store.dump(dump_id).state == "running"
+    store.complete_chunk(first.id, 10, 2, 8)
+    assert store.dump(dump_id).state == "running"
+    store.complete_chunk(last.id, 15, 0, 15)
+    progress = store.progress(dump_id)
+    assert (progress.state, progress.chunks_done, progress.chunks_total) == ("done", 2, 2)
+    assert (progress.rows_selected, progress.rows_dropped, progress.rows_emitted) == (25, 2, 23)
+    assert progress.percent == 100.0
+
+
+def test_key_list_chunks_and_requeue_after_restart(store: MetadataStore) -> None:
+    dump_id = store.create_dump(
+        "s", "keys", [TablePlan("app.t", ["id"], [5], 2, key_chunks=[[[1], [2]], [[5]]])]
+    )
+    assert store.progress(dump_id).chunks_total == 2
+    chunk = store.claim_pending_chunk(dump_id, "w1")
+    assert chunk is not None and chunk.keys == [[1], [2]]
+    store.mark_selected(chunk.id, 2)
+    assert store.requeue_inflight("s") == 1
+    again = store.claim_pending_chunk(dump_id, "w1")
+    assert again is not None and again.id == chunk.id and again.attempts == 2
+
+
+def test_pause_resume_cancel_state_machine(store: MetadataStore) -> None:
+    dump_id = store.create_dump("s", "tables", [TablePlan("app.t", ["id"], [100], 100)])
+    assert store.apply(dump_id, "pause").state == "paused"
+    assert store.runnable_dumps("s") == []
+    assert store.apply(dump_id, "resume").state == "pending"  # never started
+    with pytest.raises(MetadataError, match=r"cannot resume dump \d+: it is pending"):
+        store.apply(dump_id, "resume")
+    assert store.apply(dump_id, "cancel").state == "cancelled"
+    with pytest.raises(MetadataError, match="cannot pause dump"):
+        store.apply(dump_id, "pause")
+    with pytest.raises(MetadataError, match="no dump with id 999"):
+        store.apply(999, "cancel")
+
+
+def test_empty_table_dump_finishes_without_chunks(store: MetadataStore) -> None:
+    dump_id = store.create_dump("s", "tables", [TablePlan("app.empty", ["id"], None, 0)])
+    store.finish_empty_dumps("s")
+    assert store.progress(dump_id).state == "done"
+
+
+def test_controls_override_config_defaults(store: MetadataStore) -> None:
+    defaults = DumpSettings(chunk_size=100, delay_ms=5, parallelism=2)
+    assert store.controls("s", defaults) == defaults
+    store.set_controls("s", chunk_size=7)
+    store.set_controls("s", delay_ms=0)
+    assert store.controls("s", defaults) == DumpSettings(chunk_size=7, delay_ms=0, parallelism=2)
+    with pytest.raises(MetadataError, match="parallelism must be >= 1"):
+        store.set_controls("s", parallelism=0)
+
+
+def test_unreachable_database_is_one_line_without_password() -> None:
+    with pytest.raises(MetadataError) as info:
+        MetadataStore("postgresql://dblog:hunter2@127.0.0.1:1/nothing")
+    assert "hunter2" not in str(info.value)
+    assert "cannot reach the metadata database" in str(info.value)
+    assert "\n" not in str(info.value)

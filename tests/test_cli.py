@@ -1,0 +1,112 @@
+"""The dblog command line against a real (SQLite) metadata store, run as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_dblog.metadata import MetadataStore
+from airflow_dblog.metadata.store import TablePlan
+
+CONFIG = """
+name: inventory
+source:
+  type: mysql
+  url: mysql://dblog:${DB_PASSWORD}@127.0.0.1:1/app
+  tables: [app.orders]
+metadata: {url: sqlite:///./meta.db}
+sinks: {delta: {path: ./delta}}
+checkpoint: ./checkpoint
+"""
+
+
+@pytest.fixture()
+def config_file(tmp_path: Path) -> Path:
+    file = tmp_path / "dblog.yaml"
+    file.write_text(CONFIG)
+    return file
+
+
+def dblog(*args: str, env_password: str = "pw") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "airflow_dblog.cli", *args],
+        capture_output=True,
+        text=True,
+        env={"DB_PASSWORD": env_password, "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
+
+
+def test_help_lists_every_command() -> None:
+    result = dblog("--help")
+    assert result.returncode == 0
+    for command in ("stream", "dump", "status", "pause", "resume", "cancel", "set", "db"):
+        assert command in result.stdout
+    for command in ("stream", "dump", "status", "pause", "resume", "cancel", "set"):
+        assert dblog(command, "--help").returncode == 0
+
+
+def test_status_pause_resume_cancel_set(config_file: Path, tmp_path: Path) -> None:
+    assert dblog("db", "upgrade", "-c", str(config_file)).stdout.strip().endswith("revision 0001")
+    store = MetadataStore(f"sqlite:///{tmp_path}/meta.db")
+    dump_id = store.create_dump("inventory", "tables", [TablePlan("app.orders", ["id"], [50], 50)])
+
+    status = json.loads(
+        dblog("status", "-c", str(config_file), "--dump", str(dump_id), "--json").stdout
+    )
+    assert status["state"] == "pending"
+    assert (status["chunks_total"], status["chunks_done"], status["rows_emitted"]) == (1, 0, 0)
+
+    assert dblog("pause", "-c", str(config_file), "--dump", str(dump_id)).stdout.strip() == (
+        f"dump {dump_id} is now paused"
+    )
+    assert "[paused]" in dblog("status", "-c", str(config_file)).stdout
+    assert dblog("resume", "-c", str(config_file), "--dump", str(dump_id)).returncode == 0
+    assert dblog("cancel", "-c", str(config_file), "--dump", str(dump_id)).returncode == 0
+    again = dblog("cancel", "-c", str(config_file), "--dump", str(dump_id))
+    assert again.returncode == 1
+    assert again.stderr.strip() == (
+        f"dblog: error: cannot cancel dump {dump_id}: it is cancelled; "
+        "cancel applies to pending or running or paused dumps"
+    )
+
+    result = dblog("set", "-c", str(config_file), "--chunk-size", "500", "--parallelism", "3")
+    assert result.stdout.strip() == "stream inventory: chunk_size=500 delay_ms=0 parallelism=3"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["set", "--delay-ms", "-1"], "delay must be >= 0"),
+        (["set"], "nothing to set"),
+        (["status", "--dump", "42"], "no dump with id 42"),
+    ],
+)
+def test_bad_input_is_one_line_and_nonzero(
+    config_file: Path, args: list[str], message: str
+) -> None:
+    result = dblog(args[0], "-c", str(config_file), *args[1:])
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_malformed_config_and_missing_secret(tmp_path: Path, config_file: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(CONFIG.replace("tables:", "tabels:"))
+    result = dblog("status", "-c", str(bad))
+    assert result.returncode == 2
+    assert "unknown key source.tabels" in result.stderr
+    missing = subprocess.run(
+        [sys.executable, "-m", "airflow_dblog.cli", "status", "-c", str(config_file)],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
+    assert missing.returncode == 2
+    assert "environment variable DB_PASSWORD is not set" in missing.stderr
