@@ -1,0 +1,552 @@
+"""The watermark merge on hand-written logs: the DBLog paper's example and one case per rule."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_dblog.events import ChangeEvent, Heartbeat, TableId, WatermarkEvent
+from airflow_dblog.gtid import parse_gtid_set
+from airflow_dblog.merge import (
+    ChunkRows,
+    ChunkSpec,
+    ClosedChunk,
+    MergeError,
+    WatermarkMerge,
+    decode_value,
+    encode_value,
+    merge,
+)
+from airflow_dblog.position import Position
+from airflow_dblog.window import (
+    GtidWindow,
+    PositionWindow,
+    SnapshotXidWindow,
+    TableWindow,
+    WindowError,
+)
+
+T = TableId("app", "t")
+OTHER = TableId("app", "other")
+UUID = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
+
+
+def pos(offset: int) -> Position:
+    return Position.mysql(1, offset)
+
+
+def ev(key: str | int, offset: int, op: str = "u", table: TableId = T, **kw: object) -> ChangeEvent:
+    after = None if op == "d" else {"id": key, "v": f"log@{offset}"}
+    return ChangeEvent(table, op, (key,), pos(offset), after=after, **kw)  # type: ignore[arg-type]
+
+
+def wm(value: str, offset: int) -> WatermarkEvent:
+    return WatermarkEvent("s", value, pos(offset))
+
+
+def rows(*keys: str | int) -> list[tuple[tuple[object, ...], dict[str, object]]]:
+    return [((k,), {"id": k, "v": "dump"}) for k in keys]
+
+
+def summary(out: list[ChangeEvent]) -> list[tuple[str, object, Position]]:
+    return [(e.op, e.key[0], e.position) for e in out]
+
+
+# ------------------------------------------------------------------------- the paper's example
+
+
+def test_paper_example_chunk_k1_to_k6():
+    """DBLog paper, watermark-based chunk selection: a chunk selects k1..k6 between the low (L)
+    and high (H) watermark; the log shows changes to k1 and k3 between L and H, so those rows are
+    dropped and k2, k4, k5, k6 are appended right after H, before the log continues."""
+    log = [
+        ev("k2", 10),  # before L: the SELECT sees it, nothing to do
+        wm("L", 20),
+        ev("k1", 30),
+        ev("k3", 40),
+        wm("H", 50),
+        ev("k5", 60),  # after H: newer than the dumped k5, and emitted after it
+    ]
+    chunk = ChunkSpec(1, 7, T, TableWindow("L", "H"), rows("k1", "k2", "k3", "k4", "k5", "k6"))
+    out = merge(log, [chunk])
+    h = pos(50)
+    assert summary(out) == [
+        ("u", "k2", pos(10)),
+        ("u", "k1", pos(30)),
+        ("u", "k3", pos(40)),
+        ("r", "k2", h.dumped_row(0)),
+        ("r", "k4", h.dumped_row(1)),
+        ("r", "k5", h.dumped_row(2)),
+        ("r", "k6", h.dumped_row(3)),
+        ("u", "k5", pos(60)),
+    ]
+    dumped = [e for e in out if e.op == "r"]
+    assert all(e.before is None and e.after == {"id": e.key[0], "v": "dump"} for e in dumped)
+    assert all((e.dump_id, e.chunk_id, e.table) == (7, 1, T) for e in dumped)
+    # positions: the dumped rows sort right after H and before the next log event
+    assert [e.position for e in out] == sorted(e.position for e in out)
+    assert str(pos(50)) < str(h.dumped_row(0)) < str(h.dumped_row(3)) < str(pos(60))
+
+
+def test_paper_example_rows_arrive_after_the_low_watermark_was_seen():
+    """The log may run ahead of the SELECT: L and the k1/k3 changes are fed before the rows."""
+    m = WatermarkMerge()
+    m.open_chunk(1, 7, T, TableWindow("L", "H"))
+    out = m.feed_all([wm("L", 20), ev("k1", 30), ev("k3", 40)])
+    m.set_rows(1, rows("k1", "k2", "k3", "k4", "k5", "k6"))
+    out += m.feed(wm("H", 50))
+    assert [(e.op, e.key[0]) for e in out] == [
+        ("u", "k1"),
+        ("u", "k3"),
+        ("r", "k2"),
+        ("r", "k4"),
+        ("r", "k5"),
+        ("r", "k6"),
+    ]
+    assert m.pop_closed() == [ClosedChunk(1, 7, T, 6, 2, 4, pos(50), 0)]
+    assert m.pop_closed() == []
+
+
+# ------------------------------------------------------------------------------ table windows
+
+
+def test_log_events_are_emitted_immediately_and_watermarks_and_heartbeats_never():
+    m = WatermarkMerge()
+    m.open_chunk(1, 1, T, TableWindow("L", "H"))
+    assert m.feed(wm("L", 1)) == []
+    assert m.feed(Heartbeat(pos(2))) == []
+    e = ev(1, 3)
+    assert m.feed(e) == [e]
+    m.set_rows(1, [])
+    assert m.feed(wm("H", 4)) == []  # empty chunk: nothing to emit, but it closes
+    assert m.pop_closed() == [ClosedChunk(1, 1, T, 0, 0, 0, pos(4), 0)]
+    assert m.open_count() == 0
+
+
+def test_delete_in_window_drops_the_key_and_new_keys_just_flow():
+    log = [wm("L", 1), ev(2, 2, op="d"), ev(9, 3, op="c"), wm("H", 4)]
+    out = merge(log, [ChunkSpec(1, 1, T, TableWindow("L", "H"), rows(1, 2, 3))])
+    assert summary(out) == [
+        ("d", 2, pos(2)),
+        ("c", 9, pos(3)),
+        ("r", 1, pos(4).dumped_row(0)),
+        ("r", 3, pos(4).dumped_row(1)),
+    ]
+
+
+def test_changes_outside_the_window_or_of_other_tables_keep_the_row():
+    log = [
+        ev(1, 1),  # before L
+        wm("L", 2),
+        ev(2, 3, table=OTHER),  # same key, other table
+        wm("H", 4),
+        ev(3, 5),  # after H
+    ]
+    out = merge(log, [ChunkSpec(1, 1, T, TableWindow("L", "H"), rows(1, 2, 3))])
+    assert [(e.op, e.table.table, e.key[0]) for e in out] == [
+        ("u", "t", 1),
+        ("u", "other", 2),
+        ("r", "t", 1),
+        ("r", "t", 2),
+        ("r", "t", 3),
+        ("u", "t", 3),
+    ]
+
+
+def test_high_watermark_without_low_is_an_error():
+    m = WatermarkMerge()
+    m.open_chunk(1, 1, T, TableWindow("L", "H"))
+    m.set_rows(1, rows(1))
+    with pytest.raises(WindowError, match="before it opened"):
+        m.feed(wm("H", 5))
+
+
+def test_window_closing_before_rows_are_known_is_a_bug():
+    m = WatermarkMerge()
+    m.open_chunk(1, 1, T, TableWindow("L", "H"))
+    m.feed(wm("L", 1))
+    with pytest.raises(MergeError, match="before its rows were supplied"):
+        m.feed(wm("H", 2))
+
+
+def test_while_rows_are_unknown_every_changed_key_is_kept_then_pruned():
+    m = WatermarkMerge()
+    m.open_chunk(1, 1, T, TableWindow("L", "H"))
+    m.feed_all([wm("L", 1), ev(1, 2), ev(50, 3), ev(99, 4)])
+    assert m.to_dict()["chunks"][0]["changed"] is not None
+    assert sorted(k[0] for k in m.to_dict()["chunks"][0]["changed"]) == [1, 50, 99]
+    m.set_rows(1, rows(1, 2, 3))
+    chunk = m.to_dict()["chunks"][0]
+    assert chunk["changed"] is None  # pruned: only the rows' keys are tracked from now on
+    assert [k for k, _ in chunk["rows"]] == [[2], [3]]
+    m.feed(ev(3, 5))
+    out = m.feed(wm("H", 6))
+    assert [e.key[0] for e in out] == [2]
+    assert m.pop_closed()[0] == ClosedChunk(1, 1, T, 3, 2, 1, pos(6), 0)
+
+
+def test_two_overlapping_chunks_of_two_tables_close_at_their_own_high_watermarks():
+    log = [
+        ChunkSpec(1, 1, T, TableWindow("L1", "H1")),
+        wm("L1", 1),
+        ChunkSpec(2, 2, OTHER, TableWindow("L2", "H2")),
+        ev(1, 2),  # in window 1 only (window 2 not open yet)
+        wm("L2", 3),
+        ev(2, 4),  # table t: in window 1
+        ev(1, 5, table=OTHER),  # table other: in window 2
+        ChunkRows(1, rows(1, 2, 3)),
+        wm("H1", 6),
+        ev(2, 7, table=OTHER),  # in window 2
+        ChunkRows(2, rows(1, 2, 3)),
+        wm("H2", 8),
+    ]
+    out = merge(log)
+    assert [(e.op, e.table.table, e.key[0], e.position) for e in out] == [
+        ("u", "t", 1, pos(2)),
+        ("u", "t", 2, pos(4)),
+        ("u", "other", 1, pos(5)),
+        ("r", "t", 3, pos(6).dumped_row(0)),
+        ("u", "other", 2, pos(7)),
+        ("r", "other", 3, pos(8).dumped_row(0)),
+    ]
+
+
+def test_two_chunks_of_one_table_with_nested_windows():
+    m = WatermarkMerge()
+    m.open_chunk(1, 1, T, TableWindow("L1", "H1"))
+    m.open_chunk(2, 1, T, TableWindow("L2", "H2"))
+    m.set_rows(1, rows(1, 2))
+    m.set_rows(2, rows(3, 4))
+    out = m.feed_all([wm("L1", 1), wm("L2", 2), ev(4, 3), wm("H2", 4), ev(1, 5), wm("H1", 6)])
+    assert summary(out) == [
+        ("u", 4, pos(3)),
+        ("r", 3, pos(4).dumped_row(0)),
+        ("u", 1, pos(5)),
+        ("r", 2, pos(6).dumped_row(0)),
+    ]
+    assert [(c.chunk_id, c.selected, c.dropped, c.emitted) for c in m.pop_closed()] == [
+        (2, 2, 1, 1),
+        (1, 2, 1, 1),
+    ]
+
+
+# --------------------------------------------------------------------------- snapshot (xid)
+
+
+def pg(lsn: int, change: int = 0) -> Position:
+    return Position.postgres(lsn, change)
+
+
+def pev(key: int, lsn: int, xid: int, op: str = "u", table: TableId = T) -> ChangeEvent:
+    after = None if op == "d" else {"id": key, "v": f"xid{xid}"}
+    return ChangeEvent(table, op, (key,), pg(lsn), after=after, xid=xid)  # type: ignore[arg-type]
+
+
+def test_xid_window_drops_exactly_the_keys_of_invisible_transactions():
+    # snapshot 100:105:[100,103]: 99 committed before; 101, 102, 104 committed; 100 and 103
+    # were running; 105 and later had not started
+    window = SnapshotXidWindow(100, 105, frozenset({100, 103}), close_at=pg(1000))
+    log = [
+        pev(1, 500, 99),  # visible (below xmin)
+        pev(2, 510, 101),  # visible (between, not in progress)
+        pev(3, 520, 100),  # invisible: xmin itself, in progress
+        pev(4, 530, 103),  # invisible: in progress
+        pev(5, 540, 104),  # visible: xmax - 1
+        pev(6, 550, 105),  # invisible: xmax
+        pev(7, 1000, 106),  # at close_at: the window closes before it
+    ]
+    out = merge(log, [ChunkSpec(1, 1, T, window, rows(1, 2, 3, 4, 5, 6, 7))])
+    assert summary(out) == [
+        ("u", 1, pg(500)),
+        ("u", 2, pg(510)),
+        ("u", 3, pg(520)),
+        ("u", 4, pg(530)),
+        ("u", 5, pg(540)),
+        ("u", 6, pg(550)),
+        ("r", 1, pg(550).dumped_row(0)),
+        ("r", 2, pg(550).dumped_row(1)),
+        ("r", 5, pg(550).dumped_row(2)),
+        ("r", 7, pg(550).dumped_row(3)),
+        ("u", 7, pg(1000)),
+    ]
+
+
+def test_xid_window_handles_32_bit_xids_across_the_wraparound():
+    epoch = 3 << 32
+    xmax = epoch + 5  # the snapshot was taken just after xids wrapped into epoch 3
+    window = SnapshotXidWindow(epoch - 10, xmax, frozenset({epoch - 2}), close_at=pg(900))
+    log = [
+        pev(1, 100, 2**32 - 20),  # epoch 2, below xmin: visible
+        pev(2, 110, 2**32 - 2),  # epoch 2, in progress: invisible
+        pev(3, 120, 3),  # epoch 3, committed before xmax: visible
+        pev(4, 130, 5),  # epoch 3, = xmax: invisible
+        Heartbeat(pg(900)),
+    ]
+    out = merge(log, [ChunkSpec(1, 1, T, window, rows(1, 2, 3, 4))])
+    assert [e.key[0] for e in out if e.op == "r"] == [1, 3]
+
+
+def test_xid_window_closes_at_a_heartbeat_on_an_idle_source():
+    m = WatermarkMerge()
+    m.feed(pev(9, 100, 50))
+    m.open_chunk(1, 1, T, SnapshotXidWindow(51, 51, frozenset(), close_at=pg(101)))
+    m.set_rows(1, rows(1, 2))
+    assert m.feed(Heartbeat(pg(100, 5))) == []  # not there yet
+    out = m.feed(Heartbeat(pg(101)))
+    # rows go after the last *event* emitted, not at the heartbeat
+    assert summary(out) == [("r", 1, pg(100).dumped_row(0)), ("r", 2, pg(100).dumped_row(1))]
+    # a change at exactly the heartbeat's position still sorts after the rows
+    nxt = pev(1, 101, 51)
+    assert m.feed(nxt) == [nxt]
+    assert nxt.position > out[-1].position
+
+
+def test_chunks_closing_at_the_same_point_get_distinct_positions():
+    m = WatermarkMerge()
+    m.feed(pev(9, 100, 50))
+    m.open_chunk(1, 1, T, SnapshotXidWindow(51, 51, frozenset(), close_at=pg(200)))
+    m.open_chunk(2, 1, OTHER, SnapshotXidWindow(51, 51, frozenset(), close_at=pg(150)))
+    m.set_rows(1, rows(1, 2))
+    m.set_rows(2, rows(1))
+    out = m.feed(Heartbeat(pg(300)))
+    assert [(e.table.table, e.key[0], e.position) for e in out] == [
+        ("t", 1, pg(100).dumped_row(0)),
+        ("t", 2, pg(100).dumped_row(1)),
+        ("other", 1, pg(100).dumped_row(2)),
+    ]
+    assert [(c.chunk_id, c.first_index) for c in m.pop_closed()] == [(1, 0), (2, 2)]
+
+
+def test_events_without_xid_count_as_inside_the_window():
+    window = SnapshotXidWindow(10, 10, frozenset(), close_at=pg(1000))
+    bare = ChangeEvent(T, "u", (1,), pg(5), after={"id": 1})
+    out = merge([bare, Heartbeat(pg(1000))], [ChunkSpec(1, 1, T, window, rows(1, 2))])
+    assert [e.key[0] for e in out if e.op == "r"] == [2]
+
+
+# -------------------------------------------------------------------------------------- gtid
+
+
+def gev(key: int, offset: int, gno: int, table: TableId = T) -> ChangeEvent:
+    return ev(key, offset, table=table, gtid=f"{UUID}:{gno}")
+
+
+def test_gtid_window_drops_keys_changed_after_the_low_set():
+    window = GtidWindow.from_strings(f"{UUID}:1-10", f"{UUID}:1-13", close_at=pos(500))
+    log = [
+        gev(1, 100, 9),  # in low: the SELECT saw it
+        gev(2, 110, 11),  # not in low: inside
+        gev(3, 120, 13),  # not in low, in high: inside
+        gev(4, 130, 14),  # not in high: the window closes before it
+    ]
+    out = merge(log, [ChunkSpec(1, 1, T, window, rows(1, 2, 3, 4))])
+    assert summary(out) == [
+        ("u", 1, pos(100)),
+        ("u", 2, pos(110)),
+        ("u", 3, pos(120)),
+        ("r", 1, pos(120).dumped_row(0)),
+        ("r", 4, pos(120).dumped_row(1)),
+        ("u", 4, pos(130)),
+    ]
+
+
+def test_gtid_window_closes_at_close_at_or_heartbeat_when_idle():
+    window = GtidWindow.from_strings(f"{UUID}:1-10", f"{UUID}:1-10", close_at=pos(500))
+    m = WatermarkMerge()
+    m.feed(gev(9, 100, 10))
+    m.open_chunk(1, 1, T, window)
+    m.set_rows(1, rows(1))
+    assert m.feed(Heartbeat(pos(499))) == []
+    assert summary(m.feed(Heartbeat(pos(500)))) == [("r", 1, pos(100).dumped_row(0))]
+
+
+def test_gtid_window_with_mariadb_positions():
+    window = GtidWindow(
+        parse_gtid_set("0-1-100,1-1-7"), parse_gtid_set("0-1-102,1-1-7"), close_at=pos(900)
+    )
+    log = [
+        ev(1, 100, gtid="0-1-100"),  # seen by the SELECT
+        ev(2, 110, gtid="1-1-7"),  # seen
+        ev(3, 120, gtid="0-2-101"),  # after low: inside
+        ev(4, 130, gtid="2-1-1"),  # new domain, not in high: closes first
+    ]
+    out = merge(log, [ChunkSpec(1, 1, T, window, rows(1, 2, 3, 4))])
+    assert [(e.op, e.key[0]) for e in out] == [
+        ("u", 1),
+        ("u", 2),
+        ("u", 3),
+        ("r", 1),
+        ("r", 2),
+        ("r", 4),
+        ("u", 4),
+    ]
+
+
+# --------------------------------------------------------------------------- position window
+
+
+def test_position_window_drops_keys_changed_after_the_snapshot_position():
+    window = PositionWindow(start=pos(200), close_at=pos(300))
+    log = [ev(1, 150), ev(2, 250), Heartbeat(pos(280)), ev(3, 300)]
+    out = merge(log, [ChunkSpec(1, 1, T, window, rows(1, 2, 3))])
+    assert summary(out) == [
+        ("u", 1, pos(150)),
+        ("u", 2, pos(250)),
+        ("r", 1, pos(250).dumped_row(0)),
+        ("r", 3, pos(250).dumped_row(1)),
+        ("u", 3, pos(300)),
+    ]
+
+
+def test_window_registered_after_the_log_passed_it_is_refused():
+    m = WatermarkMerge()
+    m.feed(ev(1, 250))
+    with pytest.raises(WindowError, match="registered after the log was fed"):
+        m.open_chunk(1, 1, T, PositionWindow(start=pos(200), close_at=pos(300)))
+    with pytest.raises(WindowError):
+        m.open_chunk(2, 1, T, GtidWindow.from_strings("", "", close_at=pos(100)))
+
+
+# ------------------------------------------------------------------- protocol and bookkeeping
+
+
+def test_fresh_merge_places_rows_at_the_window_end_when_nothing_was_seen():
+    m = WatermarkMerge()
+    m.open_chunk(1, 1, T, PositionWindow(start=pos(200), close_at=pos(201)))
+    m.set_rows(1, rows(1))
+    out = m.feed(ev(2, 250))
+    assert summary(out) == [("r", 1, pos(201).dumped_row(0)), ("u", 2, pos(250))]
+
+
+def test_fresh_merge_closing_on_an_item_at_exactly_close_at_places_rows_before_it():
+    m = WatermarkMerge()
+    m.open_chunk(1, 1, T, SnapshotXidWindow(5, 5, frozenset(), close_at=pg(100)))
+    m.set_rows(1, rows(1))
+    nxt = pev(2, 100, 7)
+    out = m.feed(nxt)
+    assert [e.op for e in out] == ["r", "u"]
+    assert out[0].position < nxt.position
+
+
+def test_start_position_is_where_rows_go_before_any_event():
+    m = WatermarkMerge(start=pos(40))
+    m.open_chunk(1, 1, T, PositionWindow(start=pos(50), close_at=pos(60)))
+    m.set_rows(1, rows(1))
+    assert summary(m.feed(Heartbeat(pos(60)))) == [("r", 1, pos(40).dumped_row(0))]
+    with pytest.raises(MergeError, match="not after"):
+        m.feed(ev(3, 40))
+
+
+def test_log_going_backwards_is_refused():
+    m = WatermarkMerge()
+    m.feed(ev(1, 10))
+    with pytest.raises(MergeError, match="not after the previous one"):
+        m.feed(ev(1, 10))
+    with pytest.raises(MergeError, match="op r"):
+        m.feed(ChangeEvent(T, "r", (1,), pos(20), after={}))
+
+
+def test_set_rows_protocol_errors():
+    m = WatermarkMerge()
+    with pytest.raises(MergeError, match="not open"):
+        m.set_rows(1, [])
+    m.open_chunk(1, 1, T, TableWindow("L", "H"))
+    with pytest.raises(MergeError, match="already open"):
+        m.open_chunk(1, 1, T, TableWindow("L", "H"))
+    with pytest.raises(MergeError, match="twice"):
+        m.set_rows(1, rows(1, 1))
+    m.set_rows(1, rows(1))
+    with pytest.raises(MergeError, match="already supplied"):
+        m.set_rows(1, rows(1))
+
+
+def test_cancelled_chunks_emit_nothing():
+    m = WatermarkMerge()
+    m.open_chunk(1, 5, T, TableWindow("L1", "H1"))
+    m.open_chunk(2, 5, T, TableWindow("L2", "H2"))
+    m.open_chunk(3, 6, T, TableWindow("L3", "H3"))
+    assert m.cancel_dump(5) == 2
+    assert m.open_chunk_ids() == [3]
+    assert m.cancel_chunk(3) and not m.cancel_chunk(3)
+    assert m.feed_all([wm("L1", 1), wm("H1", 2)]) == []
+    assert m.pop_closed() == []
+
+
+def test_dumped_rows_carry_the_select_time_or_the_log_time():
+    m = WatermarkMerge()
+    m.open_chunk(1, 1, T, TableWindow("L", "H"))
+    m.open_chunk(2, 1, OTHER, TableWindow("L2", "H2"))
+    m.set_rows(1, rows(1), ts_ms=1234)
+    m.set_rows(2, rows(1))
+    out = m.feed_all(
+        [
+            wm("L", 1),
+            wm("L2", 2),
+            ChangeEvent(T, "u", (9,), pos(3), after={}, ts_ms=777),
+            wm("H", 4),
+            wm("H2", 5),
+        ]
+    )
+    assert [(e.op, e.ts_ms) for e in out] == [("u", 777), ("r", 1234), ("r", 777)]
+
+
+def test_state_round_trips_through_json_mid_window():
+    import datetime as dt
+    import decimal
+    import uuid
+
+    fancy = {
+        "id": 2,
+        "amount": decimal.Decimal("12.50"),
+        "at": dt.datetime(2024, 5, 1, 12, 30, tzinfo=dt.timezone.utc),
+        "day": dt.date(2024, 5, 1),
+        "t": dt.time(1, 2, 3),
+        "dur": dt.timedelta(days=1, seconds=5),
+        "blob": b"\x00\xff",
+        "u": uuid.UUID(int=7),
+        "tags": {"a", "b"},
+        "doc": {"$dblog": "user data", "n": [1, 2]},
+    }
+    chunk_rows = [((1,), {"id": 1}), ((2,), fancy), ((3,), {"id": 3})]
+    windows = [
+        TableWindow("L", "H"),
+        SnapshotXidWindow(10, 12, frozenset({10}), close_at=pos(90)),
+        GtidWindow.from_strings(f"{UUID}:1-3", f"{UUID}:1-5", close_at=pos(90)),
+        PositionWindow(pos(5), pos(90)),
+    ]
+    head = [wm("L", 10), ev(9, 20), ChunkRows(1, chunk_rows), ev(3, 30)]
+    tail = [ev(7, 40), wm("H", 50), Heartbeat(pos(95)), ev(1, 100)]
+
+    def run(split: bool) -> list[ChangeEvent]:
+        m = WatermarkMerge()
+        out: list[ChangeEvent] = []
+        m.open_chunk(1, 1, T, windows[0])
+        for i, w in enumerate(windows[1:], start=2):
+            m.open_chunk(i, 1, OTHER if i % 2 else T, w)
+            m.set_rows(i, chunk_rows)
+        for item in head:
+            if isinstance(item, ChunkRows):
+                m.set_rows(item.chunk_id, item.rows)
+            else:
+                out += m.feed(item)
+        if split:
+            m = WatermarkMerge.from_dict(json.loads(json.dumps(m.to_dict())))
+        out += m.feed_all(tail)
+        return out
+
+    assert run(split=True) == run(split=False)
+    dumped = [e for e in run(split=True) if e.op == "r" and e.key == (2,)]
+    assert dumped and all(e.after == fancy for e in dumped)
+
+
+def test_value_codec_rejects_unknown_types_and_round_trips_nesting():
+    with pytest.raises(TypeError, match="cannot checkpoint"):
+        encode_value(object())
+    value = {"a": (1, [2, (3,)]), "b": None, "c": 1.5}
+    assert decode_value(json.loads(json.dumps(encode_value(value)))) == value
+
+
+def test_merge_state_version_is_checked():
+    with pytest.raises(MergeError, match="version"):
+        WatermarkMerge.from_dict({"version": 99})

@@ -1,0 +1,208 @@
+"""Window types in isolation: what is inside, where each one ends, their JSON form."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_dblog.events import ChangeEvent, Heartbeat, TableId, WatermarkEvent
+from airflow_dblog.position import Position
+from airflow_dblog.window import (
+    GtidWindow,
+    PositionWindow,
+    SnapshotXidWindow,
+    TableWindow,
+    Window,
+    WindowError,
+    widen_xid,
+)
+
+T = TableId("app", "t")
+A = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
+E32 = 2**32
+
+
+def change(position: Position, xid: int | None = None, gtid: str | None = None) -> ChangeEvent:
+    return ChangeEvent(T, "u", (1,), position, after={"id": 1}, xid=xid, gtid=gtid)
+
+
+# ------------------------------------------------------------------------------------ table
+
+
+def test_table_window_opens_at_low_and_closes_at_high():
+    w = TableWindow("low", "high")
+    assert not w.starts_open
+    assert w.opens_at(WatermarkEvent("s", "low", Position.mysql(1, 1)))
+    assert not w.opens_at(WatermarkEvent("s", "high", Position.mysql(1, 1)))
+    assert not w.opens_at(Heartbeat(Position.mysql(1, 1)))
+    assert w.closes_at(WatermarkEvent("s", "high", Position.mysql(1, 2)))
+    assert not w.closes_at(WatermarkEvent("s", "other", Position.mysql(1, 2)))
+    assert not w.closes_before(WatermarkEvent("s", "high", Position.mysql(1, 2)))
+    assert w.contains(change(Position.mysql(1, 1)))
+    with pytest.raises(ValueError):
+        TableWindow("x", "x")
+    with pytest.raises(ValueError):
+        TableWindow("", "x")
+
+
+# -------------------------------------------------------------------------------------- xid
+
+
+@pytest.mark.parametrize(
+    ("xid", "reference", "expected"),
+    [
+        (5, 10, 5),
+        (5, 3 * E32 + 10, 3 * E32 + 5),
+        (E32 - 3, 3 * E32 + 10, 2 * E32 + E32 - 3),  # just before the wrap: previous epoch
+        (7, 2 * E32 + E32 - 3, 3 * E32 + 7),  # just after the wrap: next epoch
+        (E32 - 1, 10, E32 - 1),  # epoch 0 has no previous epoch
+        (3 * E32 + 9, 10, 3 * E32 + 9),  # already 64-bit
+        (E32 // 2 + 10, 0, E32 // 2 + 10),
+    ],
+)
+def test_widen_xid(xid, reference, expected):
+    assert widen_xid(xid, reference) == expected
+
+
+def test_widen_xid_rejects_negative():
+    with pytest.raises(ValueError):
+        widen_xid(-1, 10)
+
+
+@pytest.mark.parametrize(
+    ("xid", "visible"),
+    [
+        (99, True),  # below xmin: committed before the snapshot
+        (100, False),  # xmin, in progress
+        (101, True),  # between xmin and xmax, finished
+        (102, False),  # in progress
+        (104, True),  # xmax - 1, finished
+        (105, False),  # xmax: not started yet
+        (10_000, False),
+    ],
+)
+def test_xid_visibility(xid, visible):
+    w = SnapshotXidWindow(100, 105, frozenset({100, 102}), Position.postgres(50))
+    assert w.visible(xid) is visible
+    assert w.contains(change(Position.postgres(10), xid=xid)) is (not visible)
+
+
+def test_xid_visibility_with_xid8_snapshot_and_32_bit_changes():
+    base = 7 * E32
+    w = SnapshotXidWindow(base - 2, base + 3, frozenset({base + 1}), Position.postgres(50))
+    assert w.visible(E32 - 5)  # epoch 6, long done
+    assert w.visible(E32 - 2)  # epoch 6, == xmin and finished
+    assert not w.visible(1)  # base + 1: in progress
+    assert w.visible(2)
+    assert not w.visible(3)  # base + 3 == xmax
+
+
+def test_xid_window_without_xid_is_inside_and_empty_snapshot():
+    w = SnapshotXidWindow(9, 9, frozenset(), Position.postgres(50))
+    assert w.contains(change(Position.postgres(1)))
+    assert not w.contains(change(Position.postgres(1), xid=8))
+    assert w.contains(change(Position.postgres(1), xid=9))
+
+
+def test_xid_window_closes_before_the_first_item_at_close_at():
+    w = SnapshotXidWindow(9, 9, frozenset(), Position.postgres(500))
+    assert not w.closes_before(Heartbeat(Position.postgres(499, 7)))
+    assert w.closes_before(Heartbeat(Position.postgres(500)))
+    assert w.closes_before(change(Position.postgres(501), xid=3))
+    assert not w.closes_at(Heartbeat(Position.postgres(500)))
+    assert w.fallback_position() == Position.postgres(500)
+
+
+def test_xid_window_validation_and_pg_snapshot_text():
+    w = SnapshotXidWindow.from_pg_snapshot("100:105:100,102", Position.postgres(1))
+    assert (w.xmin, w.xmax, w.xip) == (100, 105, frozenset({100, 102}))
+    assert SnapshotXidWindow.from_pg_snapshot("7:7:", Position.postgres(1)).xip == frozenset()
+    for bad in ["1:2", "x:2:", "1:2:3:4", ""]:
+        with pytest.raises(ValueError):
+            SnapshotXidWindow.from_pg_snapshot(bad, Position.postgres(1))
+    with pytest.raises(ValueError, match="xmin"):
+        SnapshotXidWindow(6, 5, frozenset(), Position.postgres(1))
+    with pytest.raises(ValueError, match="outside"):
+        SnapshotXidWindow(5, 8, frozenset({8}), Position.postgres(1))
+
+
+def test_registration_after_the_end_is_refused():
+    w = SnapshotXidWindow(9, 9, frozenset(), Position.postgres(500))
+    w.check_registration(None)
+    w.check_registration(Position.postgres(500))  # a heartbeat may sit right at the end
+    with pytest.raises(WindowError):
+        w.check_registration(Position.postgres(501))
+
+
+# ------------------------------------------------------------------------------------- gtid
+
+
+def test_gtid_window_inside_means_not_in_low():
+    w = GtidWindow.from_strings(f"{A}:1-10", f"{A}:1-12", Position.mysql(1, 900))
+    assert not w.contains(change(Position.mysql(1, 1), gtid=f"{A}:10"))
+    assert w.contains(change(Position.mysql(1, 1), gtid=f"{A}:11"))
+    assert w.contains(change(Position.mysql(1, 1)))  # no GTID: assume the worst
+
+
+def test_gtid_window_closes_at_close_at_or_at_a_gtid_beyond_high():
+    w = GtidWindow.from_strings(f"{A}:1-10", f"{A}:1-12", Position.mysql(1, 900))
+    assert not w.closes_before(change(Position.mysql(1, 100), gtid=f"{A}:12"))
+    assert w.closes_before(change(Position.mysql(1, 100), gtid=f"{A}:13"))
+    assert not w.closes_before(change(Position.mysql(1, 100)))
+    assert not w.closes_before(Heartbeat(Position.mysql(1, 899)))
+    assert w.closes_before(Heartbeat(Position.mysql(1, 900)))
+    assert w.closes_before(Heartbeat(Position.mysql(2, 4)))  # next binlog file
+
+
+def test_gtid_window_flavors_and_validation():
+    maria = GtidWindow.from_strings("0-1-5", "0-1-9", Position.mysql(1, 1))
+    assert maria.high.flavor == "mariadb"
+    assert GtidWindow.from_strings("", "0-1-9", Position.mysql(1, 1)).low.flavor == "mariadb"
+    assert GtidWindow.from_strings("", "", Position.mysql(1, 1)).low.is_empty()
+    with pytest.raises(ValueError, match="not contained"):
+        GtidWindow.from_strings(f"{A}:1-10", f"{A}:1-5", Position.mysql(1, 1))
+    with pytest.raises(ValueError):
+        GtidWindow.from_strings(f"{A}:1-10", "0-1-9", Position.mysql(1, 1))
+
+
+# --------------------------------------------------------------------------------- position
+
+
+def test_position_window():
+    w = PositionWindow(Position.mysql(3, 1000, 2**32 - 1), Position.mysql(3, 1001))
+    assert not w.contains(change(Position.mysql(3, 1000, 5)))  # same event, seen
+    assert not w.contains(change(Position.mysql(2, 9000)))
+    assert w.contains(change(Position.mysql(3, 1019)))
+    assert w.contains(change(Position.mysql(4, 4)))
+    assert not w.closes_before(Heartbeat(Position.mysql(3, 1000, 2**32 - 1)))
+    assert w.closes_before(change(Position.mysql(3, 1019)))
+    with pytest.raises(ValueError):
+        PositionWindow(Position.mysql(3, 1000), Position.mysql(2, 1))
+    with pytest.raises(WindowError):
+        w.check_registration(Position.mysql(3, 1019))
+    w.check_registration(Position.mysql(3, 900))
+
+
+# ------------------------------------------------------------------------------------- JSON
+
+
+@pytest.mark.parametrize(
+    "window",
+    [
+        TableWindow("a", "b"),
+        SnapshotXidWindow(3 * E32, 3 * E32 + 9, frozenset({3 * E32 + 2}), Position.postgres(77)),
+        GtidWindow.from_strings(f"{A}:1-3", f"{A}:1-5:tg:1", Position.mysql(2, 3)),
+        GtidWindow.from_strings("0-1-3", "0-1-5,1-1-1", Position.mysql(2, 3)),
+        GtidWindow.from_strings("", "", Position.mysql(2, 3)),
+        PositionWindow(Position.mysql(1, 5, 2**32 - 1), Position.mysql(1, 6)),
+    ],
+)
+def test_windows_round_trip_through_json(window):
+    data = json.loads(json.dumps(window.to_dict()))
+    assert Window.from_dict(data) == window
+
+
+def test_unknown_window_kind():
+    with pytest.raises(ValueError, match="unknown window kind"):
+        Window.from_dict({"kind": "nope"})
