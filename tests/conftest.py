@@ -1,0 +1,129 @@
+"""Shared fixtures: the one place service fixtures live (logic in tests/services.py).
+
+Session-scoped servers (testcontainers if a Docker engine answers, else the local services of
+scripts/services.sh, started on first use if they are down):
+
+- ``mysql_server``     -> services.MySQLServer: host, port, user, password, flavor ("mariadb" |
+                          "mysql"), backend; url(db), sqlalchemy_url(db), connect(db=None, **kw),
+                          replication_settings()
+- ``postgres_server``  -> services.PostgresServer: host, port, user, password, database ("dblog"),
+                          backend; url(db), sqlalchemy_url(db), dsn(db), connect(db=None, **kw)
+- ``zookeeper_server`` -> services.ZooKeeperServer: host, port, hosts, connect_string(chroot),
+                          client(chroot="") (a started KazooClient)
+- ``kafka_server``     -> services.KafkaServer: host, port, bootstrap_servers, config(**extra),
+                          admin()
+- ``spark``            -> a local[2] SparkSession with Delta and the Kafka source
+                          (airflow_dblog.spark_env.build_spark_session)
+
+Function-scoped isolation:
+
+- ``mysql_db``    -> services.MySQLDatabase: name, url (mysql://dblog:dblog@127.0.0.1:PORT/<name>),
+                     sqlalchemy_url, connect(**kw) (PyMySQL, autocommit on), server
+- ``postgres_db`` -> services.PostgresDatabase: name, url (postgres://...), sqlalchemy_url, dsn,
+                     connect(**kw) (psycopg2, autocommit on), server; its replication slots
+                     are dropped with it
+- ``kafka_topic`` -> str: a new 1-partition topic, deleted afterwards
+- ``kafka_topics``-> callable new_topic(partitions=1, config=None) -> str, all deleted afterwards
+- ``zk_path``     -> str: an existing, unique znode path (use as a chroot:
+                     ``zookeeper_server.connect_string(zk_path)``), deleted recursively afterwards
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import services  # tests/services.py, importable from any test directory
+
+
+@pytest.fixture(scope="session")
+def _servers() -> Iterator[services.Servers]:
+    servers = services.open_servers()
+    yield servers
+    servers.close()
+
+
+@pytest.fixture(scope="session")
+def mysql_server(_servers: services.Servers) -> services.MySQLServer:
+    return _servers.mysql()
+
+
+@pytest.fixture(scope="session")
+def postgres_server(_servers: services.Servers) -> services.PostgresServer:
+    return _servers.postgres()
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server(_servers: services.Servers) -> services.ZooKeeperServer:
+    return _servers.zookeeper()
+
+
+@pytest.fixture(scope="session")
+def kafka_server(_servers: services.Servers) -> services.KafkaServer:
+    return _servers.kafka()
+
+
+@pytest.fixture
+def mysql_db(
+    mysql_server: services.MySQLServer, request: pytest.FixtureRequest
+) -> Iterator[services.MySQLDatabase]:
+    with services.fresh_mysql_database(mysql_server, request.node.name) as db:
+        yield db
+
+
+@pytest.fixture
+def postgres_db(
+    postgres_server: services.PostgresServer, request: pytest.FixtureRequest
+) -> Iterator[services.PostgresDatabase]:
+    with services.fresh_postgres_database(postgres_server, request.node.name) as db:
+        yield db
+
+
+@pytest.fixture
+def kafka_topics(
+    kafka_server: services.KafkaServer, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., str]]:
+    with services.kafka_topics(kafka_server, request.node.name) as new_topic:
+        yield new_topic
+
+
+@pytest.fixture
+def kafka_topic(kafka_topics: Callable[..., str]) -> str:
+    return kafka_topics()
+
+
+@pytest.fixture
+def zk_path(
+    zookeeper_server: services.ZooKeeperServer, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    with services.fresh_zk_path(zookeeper_server, request.node.name) as path:
+        yield path
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from airflow_dblog.spark_env import build_spark_session
+
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    session = build_spark_session(
+        "airflow-dblog-tests",
+        master="local[2]",
+        extra_conf={
+            "spark.ui.enabled": False,
+            "spark.sql.shuffle.partitions": 2,
+            "spark.default.parallelism": 2,
+            "spark.sql.warehouse.dir": str(warehouse),
+            "spark.databricks.delta.snapshotPartitions": 2,
+            "spark.sql.streaming.forceDeleteTempCheckpointLocation": True,
+            "spark.driver.extraJavaOptions": f"-Dderby.system.home={warehouse}",
+        },
+    )
+    session.sparkContext.setLogLevel("WARN")
+    yield session
+    session.stop()
