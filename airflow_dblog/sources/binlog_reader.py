@@ -1,0 +1,758 @@
+"""The MySQL/MariaDB binlog as a dblog ``ChangelogReader`` (on pymysqlreplication).
+
+The reader connects as a replica (file/position protocol, also on MariaDB) and turns row events
+of the configured tables into :class:`ChangeEvent`, row events of the watermark table into
+:class:`WatermarkEvent`, and idleness into :class:`Heartbeat`.
+
+Positions
+    ``Position.mysql(file index, end offset of the event, item index in the event)``. Binlog
+    offsets are end offsets, like ``SHOW MASTER STATUS`` and ``binlog_snapshot_position``, so "an
+    event's position is greater than a snapshot's position" means the snapshot did not see it.
+    An UPDATE that changes the primary key becomes a delete of the old key followed by a create
+    of the new key (two items, consecutive item indexes).
+
+Offsets (``offset()``), JSON-able::
+
+    {"file": "mysql-bin.000003", "pos": 1234, "after": "<Position string>" | null}
+
+``file``/``pos`` is where a new reader starts reading: the start of the transaction holding the
+last returned item (or, between transactions, the end of the last one). ``after`` is the
+position of the last returned item; a resumed reader drops everything at or before it. Together
+they resume exactly after the last returned item, even in the middle of a multi-row event or a
+multi-statement transaction.
+
+Idleness
+    The server sends replication heartbeats every ``heartbeat_s`` when it has nothing to send,
+    so ``read`` returns within about ``timeout_s + heartbeat_s``. When ``read`` found nothing for
+    ``timeout_s`` it reads ``SHOW MASTER STATUS``, reads on until the stream has reached that
+    position and returns one ``Heartbeat(Position.mysql(file, end, END_OF_EVENT))``: never before
+    a ``SHOW MASTER STATUS`` position read earlier (those are ``END_OF_EVENT`` positions too).
+
+Schemas
+    Column names come from the table map events when ``binlog_row_metadata=FULL`` (exact across
+    ALTER TABLE). Otherwise they come from information_schema, refreshed when a DDL statement in
+    the log names the table; a table map whose column types do not fit the current columns (the
+    reader is behind an ALTER it has not seen) is refused with a SourceError rather than decoded
+    under wrong names.
+
+Values are converted to the Python types a SELECT through PyMySQL returns (bytes for binary
+columns, Decimal, date, datetime, text for SET/BIT/JSON/UUID, ...), so the merge can compare
+logged keys with dumped keys. TRUNCATE TABLE is a statement in the binlog and produces no
+events (a warning is logged).
+
+Replica identity: ``server_id`` must be unique among the server's replicas (a second connection
+with the same id disconnects the first); :func:`server_id_for` derives a stable one from the
+stream name, ``None`` picks a random one. ``watermark_stream`` limits watermark events to one
+stream's row of the shared watermark table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import time
+import uuid
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import pymysql
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.constants import BINLOG, FIELD_TYPE
+from pymysqlreplication.event import (
+    GtidEvent,
+    HeartbeatLogEvent,
+    MariadbGtidEvent,
+    NotImplementedEvent,
+    QueryEvent,
+    RotateEvent,
+    XidEvent,
+)
+from pymysqlreplication.row_event import (
+    DeleteRowsEvent,
+    TableMapEvent,
+    UpdateRowsEvent,
+    WriteRowsEvent,
+)
+
+from airflow_dblog.errors import InputError, SourceError
+from airflow_dblog.events import ChangeEvent, Heartbeat, LogItem, Row, TableId, WatermarkEvent
+from airflow_dblog.position import Position, binlog_file_index
+from airflow_dblog.sources.base import Offset
+from airflow_dblog.sources.mysql import (
+    END_OF_EVENT,
+    WATERMARK_TABLE_ID,
+    ConnectionSettings,
+    MysqlSource,
+    TableInfo,
+    connect_error,
+    parse_mysql_url,
+)
+
+log = logging.getLogger(__name__)
+
+_RAW_BYTES = "dblog-raw-bytes"  # a charset name Python has no codec for: the library keeps bytes
+_PURGED_CODES = {1236}
+_TRX_NEUTRAL = ("SAVEPOINT", "ROLLBACK TO", "RELEASE SAVEPOINT", "XA START", "XA END")
+_TRX_END = ("COMMIT", "ROLLBACK", "XA COMMIT", "XA ROLLBACK")
+_MARIADB_FL_STANDALONE = 1
+
+
+def server_id_for(name: str) -> int:
+    """A stable replica server id derived from a stream name (1 .. 2**31)."""
+    return 1 + zlib.crc32(name.encode()) % (2**31 - 1)
+
+
+@dataclass
+class _TableCodec:
+    """How to turn one table map's decoded rows into dblog items."""
+
+    table: TableId
+    key: tuple[str, ...]
+    convert: list[tuple[str, Callable[[Any], Any]]]
+    watermark: bool
+
+
+def _binary(length: int | None) -> Callable[[Any], Any]:
+    """Binary columns: bytes (Python decodes b"" to "" without asking the codec), BINARY(n)
+    padded with the zero bytes the binlog strips and a SELECT returns."""
+
+    def raw(value: Any) -> Any:
+        if isinstance(value, str) and not value:
+            value = b""
+        if length and isinstance(value, (bytes, bytearray)) and len(value) < length:
+            return bytes(value).ljust(length, b"\x00")
+        return value
+
+    return raw
+
+
+def _bits(nbytes: int) -> Callable[[Any], Any]:
+    def bits(value: Any) -> Any:
+        if isinstance(value, str):
+            return int(value, 2).to_bytes(nbytes, "big") if value else b"\x00" * nbytes
+        return value
+
+    return bits
+
+
+def _set_text(order: list[str] | None) -> Callable[[Any], Any]:
+    rank = {v: i for i, v in enumerate(order or [])}
+
+    def text(value: Any) -> Any:
+        if isinstance(value, (set, frozenset)):
+            return ",".join(sorted(value, key=lambda v: rank.get(v, len(rank))))
+        return value
+
+    return text
+
+
+def _json_plain(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {_json_plain(k): _json_plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_plain(v) for v in value]
+    return value
+
+
+def _json_text(value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(_json_plain(value), ensure_ascii=False)
+
+
+def _uuid_text(value: Any) -> Any:
+    """MariaDB's UUID type is logged as its 16 bytes; a SELECT returns the text form."""
+    if isinstance(value, (bytes, bytearray)) and len(value) == 16:
+        return str(uuid.UUID(bytes=bytes(value)))
+    return value
+
+
+def _float_text(value: Any) -> Any:
+    """FLOAT is logged as a 4-byte float; a SELECT returns the server's 6-digit text form."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    return value
+
+
+def _unsigned(bits: int) -> Callable[[Any], Any]:
+    def fix(value: Any) -> Any:
+        if isinstance(value, int) and value < 0:
+            return value + (1 << bits)
+        return value
+
+    return fix
+
+
+_UNSIGNED_BITS = {
+    FIELD_TYPE.TINY: 8,
+    FIELD_TYPE.SHORT: 16,
+    FIELD_TYPE.INT24: 24,
+    FIELD_TYPE.LONG: 32,
+    FIELD_TYPE.LONGLONG: 64,
+}
+
+
+def _enum_values(column_type: str) -> list[str]:
+    """``enum('a','b''c')`` -> ['a', "b'c"]."""
+    body = column_type[column_type.index("(") + 1 : column_type.rindex(")")]
+    values, current, quoted, i = [], "", False, 0
+    while i < len(body):
+        ch = body[i]
+        if quoted:
+            if ch == "'" and i + 1 < len(body) and body[i + 1] == "'":
+                current += "'"
+                i += 1
+            elif ch == "'":
+                quoted = False
+                values.append(current)
+                current = ""
+            elif ch == "\\" and i + 1 < len(body):
+                current += body[i + 1]
+                i += 1
+            else:
+                current += ch
+        elif ch == "'":
+            quoted = True
+        i += 1
+    return values
+
+
+_BINLOG_TYPES: dict[str, set[int]] = {
+    "tinyint": {FIELD_TYPE.TINY},
+    "smallint": {FIELD_TYPE.SHORT},
+    "mediumint": {FIELD_TYPE.INT24},
+    "int": {FIELD_TYPE.LONG},
+    "integer": {FIELD_TYPE.LONG},
+    "bigint": {FIELD_TYPE.LONGLONG},
+    "float": {FIELD_TYPE.FLOAT},
+    "double": {FIELD_TYPE.DOUBLE},
+    "decimal": {FIELD_TYPE.NEWDECIMAL, FIELD_TYPE.DECIMAL},
+    "date": {FIELD_TYPE.DATE, FIELD_TYPE.NEWDATE},
+    "datetime": {FIELD_TYPE.DATETIME, FIELD_TYPE.DATETIME2},
+    "timestamp": {FIELD_TYPE.TIMESTAMP, FIELD_TYPE.TIMESTAMP2},
+    "time": {FIELD_TYPE.TIME, FIELD_TYPE.TIME2},
+    "year": {FIELD_TYPE.YEAR},
+    "varchar": {FIELD_TYPE.VARCHAR, FIELD_TYPE.VAR_STRING},
+    "varbinary": {FIELD_TYPE.VARCHAR, FIELD_TYPE.VAR_STRING},
+    "char": {FIELD_TYPE.STRING},
+    "binary": {FIELD_TYPE.STRING},
+    "enum": {FIELD_TYPE.ENUM, FIELD_TYPE.STRING},
+    "set": {FIELD_TYPE.SET, FIELD_TYPE.STRING},
+    "bit": {FIELD_TYPE.BIT},
+    "tinytext": {FIELD_TYPE.BLOB},
+    "text": {FIELD_TYPE.BLOB},
+    "mediumtext": {FIELD_TYPE.BLOB},
+    "longtext": {FIELD_TYPE.BLOB},
+    "tinyblob": {FIELD_TYPE.BLOB},
+    "blob": {FIELD_TYPE.BLOB},
+    "mediumblob": {FIELD_TYPE.BLOB},
+    "longblob": {FIELD_TYPE.BLOB},
+    "json": {FIELD_TYPE.JSON, FIELD_TYPE.BLOB},
+}
+
+
+def _shape_matches(columns: list[Any], info: TableInfo) -> bool:
+    """Whether a table map's column types fit the table's current columns, one by one.
+
+    Without ``binlog_row_metadata=FULL`` the binlog carries no column names; the names are
+    taken from information_schema, which is right only while the shapes agree.
+    """
+    if len(columns) != len(info.columns):
+        return False
+    for col, ci in zip(columns, info.columns, strict=True):
+        expected = _BINLOG_TYPES.get(ci.data_type)
+        if expected is not None and col.type not in expected:
+            return False
+    return True
+
+
+class BinlogReader:
+    """``ChangelogReader`` for MySQL 8 and MariaDB 10.5+."""
+
+    def __init__(
+        self,
+        url: str | ConnectionSettings,
+        tables: Iterable[TableId],
+        *,
+        offset: Offset | None = None,
+        server_id: int | None = None,
+        heartbeat_s: float = 0.1,
+        watermark_table: TableId = WATERMARK_TABLE_ID,
+        watermark_stream: str | None = None,
+        read_timeout_s: float = 30.0,
+    ) -> None:
+        self.settings = url if isinstance(url, ConnectionSettings) else parse_mysql_url(url)
+        self.tables = frozenset(tables)
+        self.watermark_table = watermark_table
+        self.watermark_stream = watermark_stream  # None: watermark events of every stream
+        # Replica server ids must be unique on the server (a second connection with the same id
+        # disconnects the first): derive one from the stream name via ``server_id_for``.
+        self.server_id = server_id or random.randint(1 << 20, (1 << 31) - 1)
+        self.heartbeat_s = heartbeat_s
+        self.read_timeout_s = max(read_timeout_s, 4 * heartbeat_s)
+        self.source = MysqlSource(self.settings)
+        try:
+            self.source.check_binlog()
+            for table in sorted(self.tables, key=str):
+                self.source.table_info(table, refresh=True)
+            start_file, start_pos, after = self._start(offset)
+        except BaseException:
+            self.source.close()
+            raise
+        # resume point of the last returned item (what offset() reports)
+        self._ret_file, self._ret_pos, self._ret_after = start_file, start_pos, after
+        # skip items at or before this position (resume inside a transaction)
+        self._skip: Position | None = after
+        self._produced: Position | None = after  # last item put into _pending
+        # stream bookkeeping
+        self._file = start_file
+        self._file_index = binlog_file_index(start_file)
+        self._in_trx = False
+        self._trx_start = (start_file, start_pos)
+        self._last_end = (start_file, start_pos)
+        self._gtid: str | None = None
+        self._saw_begin = False
+        self._implied_begin = False
+        self._pending: deque[tuple[LogItem, str, int]] = deque()
+        self._codecs: dict[int, _TableCodec | None] = {}
+        self._stream: BinLogStreamReader | None = None
+        self._stream_start = (start_file, start_pos)
+        self._server_idle = False
+
+    # -- start ------------------------------------------------------------------------------
+
+    def _start(self, offset: Offset | None) -> tuple[str, int, Position | None]:
+        if not offset:
+            file, pos = self.source.master_status()
+            return file, pos, None
+        try:
+            file, pos = str(offset["file"]), int(offset["pos"])
+            binlog_file_index(file)
+            after = Position.parse(offset["after"]) if offset.get("after") else None
+        except (KeyError, TypeError, ValueError):
+            raise SourceError(
+                f"stream offset {offset!r} is not a binlog offset",
+                "reset the stream offset and run a new full dump (dblog dump --all)",
+            ) from None
+        if file not in self.source.binary_logs():
+            raise self._purged(file)
+        return file, pos, after
+
+    @staticmethod
+    def _purged(file: str) -> SourceError:
+        return SourceError(
+            f"binlog {file} needed to resume was purged",
+            "run a new full dump (dblog dump --all) after resetting the stream offset",
+        )
+
+    def _open(self) -> BinLogStreamReader:
+        file, pos = self._stream_start
+        settings = self.settings.pymysql_kwargs()
+        settings["read_timeout"] = self.read_timeout_s
+        settings["write_timeout"] = self.read_timeout_s
+        schemas = {t.db for t in self.tables} | {self.watermark_table.db}
+        names = {t.table for t in self.tables} | {self.watermark_table.table}
+        self._codecs.clear()
+        return BinLogStreamReader(
+            connection_settings=settings,
+            server_id=self.server_id,
+            resume_stream=True,
+            blocking=True,
+            log_file=file,
+            log_pos=pos,
+            only_events=[
+                RotateEvent,
+                QueryEvent,
+                XidEvent,
+                GtidEvent,
+                MariadbGtidEvent,
+                NotImplementedEvent,
+                HeartbeatLogEvent,
+                TableMapEvent,
+                WriteRowsEvent,
+                UpdateRowsEvent,
+                DeleteRowsEvent,
+            ],
+            filter_non_implemented_events=False,
+            only_schemas=sorted(schemas),
+            only_tables=sorted(names),
+            slave_heartbeat=self.heartbeat_s,
+            is_mariadb=False,  # file/position protocol on both flavours
+            enable_logging=False,
+        )
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _fetch(self) -> Any:
+        """The next event; a lost connection is reopened once at the current transaction."""
+        for attempt in (0, 1):
+            if self._stream is None:
+                self._stream = self._open()
+            try:
+                return self._stream.fetchone()
+            except pymysql.MySQLError as err:
+                code = err.args[0] if err.args and isinstance(err.args[0], int) else None
+                start = self._stream_start
+                self._reset_stream()
+                if code in _PURGED_CODES:
+                    raise self._purged(start[0]) from None
+                if attempt == 1 or code in (1045, 2002, 2003, 2005):
+                    raise connect_error(self.settings, err) from None
+                log.warning(
+                    "binlog connection to %s lost (%s); resuming at %s:%s",
+                    self.settings.where,
+                    code,
+                    *self._stream_start,
+                )
+        raise AssertionError("unreachable")
+
+    def _reset_stream(self) -> None:
+        """Drop the connection; the next read reopens at the current transaction's start."""
+        self._close_stream()
+        self._stream_start = self._trx_start if self._in_trx else self._last_end
+        self._skip = self._produced
+        self._in_trx = False
+        self._last_end = self._stream_start
+        self._file = self._stream_start[0]
+        self._file_index = binlog_file_index(self._file)
+
+    def _stamp(self) -> tuple[str, int]:
+        stream = self._stream
+        assert stream is not None
+        return str(stream.log_file or self._file), int(stream.log_pos or 0)
+
+    def read(self, max_items: int, timeout_s: float) -> list[LogItem]:
+        if max_items <= 0:
+            return []
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        out: list[LogItem] = []
+        self._take(out, max_items)
+        while len(out) < max_items:
+            if out and self._server_idle:
+                break  # the server has nothing more right now: hand over what we have
+            if time.monotonic() >= deadline:
+                break
+            self._step()
+            self._take(out, max_items)
+        if out:
+            return out
+        heartbeat = self._heartbeat(max(timeout_s, 1.0), max_items)
+        if isinstance(heartbeat, list):
+            return heartbeat
+        return [] if heartbeat is None else [heartbeat]
+
+    def _take(self, out: list[LogItem], max_items: int) -> None:
+        while self._pending and len(out) < max_items:
+            item, file, pos = self._pending.popleft()
+            out.append(item)
+            self._ret_file, self._ret_pos, self._ret_after = file, pos, item.position
+
+    def _heartbeat(self, budget_s: float, max_items: int) -> Heartbeat | list[LogItem] | None:
+        """Idle: catch up with SHOW MASTER STATUS and report that position."""
+        target_file, target_pos = self.source.master_status()
+        target = (binlog_file_index(target_file), target_pos)
+        deadline = time.monotonic() + budget_s
+        while True:
+            if self._stream is not None:
+                file, pos = self._stamp()
+                here = (binlog_file_index(file), pos)
+                if here >= target and not self._pending:
+                    break
+            if self._pending:
+                out: list[LogItem] = []
+                self._take(out, max_items)
+                return out
+            if time.monotonic() >= deadline:
+                return None
+            self._step()
+        if self._in_trx:
+            position = Position.mysql(target[0], target[1], END_OF_EVENT)
+        else:
+            position = Position.mysql(here[0], here[1], END_OF_EVENT)
+            self._last_end = (file, pos)
+        if self._ret_after is not None and position < self._ret_after:
+            position = self._ret_after
+        file, pos = self._trx_start if self._in_trx else self._last_end
+        self._ret_file, self._ret_pos, self._ret_after = file, pos, position
+        return Heartbeat(position)
+
+    def _step(self) -> None:
+        """Fetch one event and turn it into pending items."""
+        event = self._fetch()
+        if event is None:  # EOF (the server ended the dump): reopen on the next fetch
+            self._reset_stream()
+            return
+        self._server_idle = isinstance(event, HeartbeatLogEvent)
+        if isinstance(event, RotateEvent):
+            self._file = event.next_binlog
+            self._file_index = binlog_file_index(event.next_binlog)
+            if not self._in_trx:
+                self._last_end = (event.next_binlog, int(event.position))
+            return
+        end = int(event.packet.log_pos)
+        if isinstance(event, (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)):
+            self._rows(event, end)
+        elif isinstance(event, TableMapEvent):
+            self._table_map(event)
+        elif isinstance(event, (GtidEvent, MariadbGtidEvent)):
+            self._begin(event, end)
+            self._gtid = event.gtid
+            # MariaDB: a GTID event without FL_STANDALONE stands for BEGIN (no query event)
+            self._implied_begin = isinstance(event, MariadbGtidEvent) and not (
+                event.flags & _MARIADB_FL_STANDALONE
+            )
+        elif isinstance(event, NotImplementedEvent):
+            if event.event_type == BINLOG.ANONYMOUS_GTID_LOG_EVENT:
+                self._begin(event, end)
+                self._gtid = None
+        elif isinstance(event, XidEvent):
+            self._commit(end)
+        elif isinstance(event, QueryEvent):
+            self._query(event, end)
+        if not self._in_trx and end > 0 and not isinstance(event, HeartbeatLogEvent):
+            self._last_end = (self._file, end)
+
+    def _begin(self, event: Any, end: int) -> None:
+        self._in_trx = True
+        self._saw_begin = False
+        self._implied_begin = False
+        self._trx_start = (self._file, end - int(event.packet.event_size))
+
+    def _commit(self, end: int) -> None:
+        self._in_trx = False
+        self._gtid = None
+        self._last_end = (self._file, end)
+
+    def _query(self, event: QueryEvent, end: int) -> None:
+        text = " ".join(event.query.split()[:3]).upper()
+        if text == "BEGIN" or text.startswith("XA START"):
+            self._saw_begin = True
+            if not self._in_trx:  # MySQL without GTID events: BEGIN opens the transaction
+                self._begin(event, end)
+                self._saw_begin = True
+            return
+        if text.startswith(_TRX_NEUTRAL):
+            return
+        if text.startswith(_TRX_END):
+            self._commit(end)
+            return
+        # DDL (or another statement logged as a query): forget cached table shapes. It ends
+        # the transaction unless it sits inside an explicit (or MariaDB's implied) BEGIN.
+        self._schema_changed(event)
+        if not self._in_trx or not (self._saw_begin or self._implied_begin):
+            self._commit(end)
+
+    def _schema_changed(self, event: QueryEvent) -> None:
+        """Forget what we know of every captured table the statement names (ALTER, RENAME, ...).
+
+        Any DDL names the tables it changes (DROP DATABASE removes them; they come back only
+        through a CREATE that names them), so a name match is enough; false positives only cost
+        an information_schema read.
+        """
+        query = event.query.lower()
+        touched = {
+            t
+            for t in (*self.tables, self.watermark_table)
+            if t.table.lower() in query or t.table.lower().replace("`", "``") in query
+        }
+        if not touched:
+            return
+        for table in touched:
+            self.source.forget(table)
+        for table_id, codec in list(self._codecs.items()):
+            if codec is not None and codec.table in touched:
+                del self._codecs[table_id]
+        if query.lstrip().startswith("truncate"):
+            log.warning(
+                "binlog has %r: TRUNCATE is logged as a statement, its deleted rows produce no "
+                "change events; run a dump of the table to resynchronise",
+                event.query[:200],
+            )
+
+    # -- tables -----------------------------------------------------------------------------
+
+    def _info(self, table: TableId, refresh: bool = False) -> TableInfo:
+        try:
+            info = self.source.table_info(table, refresh=refresh)
+        except InputError as err:
+            raise SourceError(
+                f"binlog has changes of {table} but the table cannot be described: {err}",
+                "restore the table or remove it from source.tables",
+            ) from None
+        return info
+
+    def _table_map(self, event: TableMapEvent) -> None:
+        """Complete the library's column descriptions from information_schema, build a codec."""
+        table = TableId(event.schema, event.table)
+        watermark = table == self.watermark_table
+        if not watermark and table not in self.tables:
+            self._codecs[event.table_id] = None
+            return
+        columns = event.columns
+        named = all(c.name for c in columns)
+        info = self._info(table)
+        if not named and not _shape_matches(columns, info):
+            info = self._info(table, refresh=True)
+            if not _shape_matches(columns, info):
+                raise SourceError(
+                    f"binlog rows of {table} do not match its columns in information_schema"
+                    " (the table was altered after they were written) and the binlog does not"
+                    " name columns (binlog_row_metadata is not FULL)",
+                    "SET GLOBAL binlog_row_metadata=FULL (MariaDB 10.5+, MySQL 8.0.14+), then"
+                    " reset the stream offset and run a new full dump (dblog dump --all)",
+                )
+        if not named:
+            for col, ci in zip(columns, info.columns, strict=True):
+                col.name = ci.name
+        by_name = {c.name: c for c in info.columns}
+        convert: list[tuple[str, Callable[[Any], Any]]] = []
+        for col in columns:
+            ci = by_name.get(col.name)
+            if col.type == FIELD_TYPE.BIT:
+                convert.append((col.name, _bits(int(getattr(col, "bytes", 1)))))
+            elif col.type == FIELD_TYPE.JSON:
+                convert.append((col.name, _json_text))
+            elif col.type == FIELD_TYPE.FLOAT:
+                convert.append((col.name, _float_text))
+            if ci is None:
+                continue
+            if ci.is_binary or ci.data_type == "uuid":
+                col.character_set_name = _RAW_BYTES
+            elif ci.charset and not col.character_set_name:
+                col.character_set_name = ci.charset
+            if ci.is_binary:
+                length = ci.char_length if ci.data_type == "binary" else None
+                convert.append((col.name, _binary(length)))
+            if ci.unsigned and col.type in _UNSIGNED_BITS and not col.unsigned:
+                col.unsigned = True
+            if ci.data_type == "enum" and not getattr(col, "enum_values", None):
+                col.enum_values = ["", *_enum_values(ci.column_type)]
+            if ci.data_type == "uuid":
+                convert.append((col.name, _uuid_text))
+            if ci.data_type == "set":
+                if not getattr(col, "set_values", None):
+                    col.set_values = _enum_values(ci.column_type)
+                convert.append((col.name, _set_text(col.set_values)))
+        self._codecs[event.table_id] = _TableCodec(table, info.schema.key, convert, watermark)
+
+    # -- rows -------------------------------------------------------------------------------
+
+    def _rows(self, event: Any, end: int) -> None:
+        codec = self._codecs.get(event.table_id)
+        if codec is None:
+            return
+        file, pos = self._trx_start if self._in_trx else self._last_end
+        fi = self._file_index
+        skip = self._skip
+        if skip is not None and (fi, end) > skip.coords[:2]:
+            skip = self._skip = None  # resumed past the saved item: stop comparing
+        pending = self._pending
+        if isinstance(event, UpdateRowsEvent):
+            kind = "u"
+        elif isinstance(event, WriteRowsEvent):
+            kind = "c"
+        else:
+            kind = "d"
+        if codec.watermark:
+            for index, row in enumerate(event.rows):
+                position = Position.mysql(fi, end, index)
+                if kind == "d" or (skip is not None and position <= skip):
+                    continue
+                image = row["after_values"] if kind == "u" else row["values"]
+                stream = str(image["stream"])
+                if self.watermark_stream is not None and stream != self.watermark_stream:
+                    continue
+                item = WatermarkEvent(stream, str(image["value"]), position)
+                pending.append((item, file, pos))
+                self._produced = position
+            return
+        convert = codec.convert
+        key_cols = codec.key
+        table = codec.table
+        gtid = self._gtid
+        ts_ms = int(event.timestamp) * 1000
+        index = 0
+        for row in event.rows:
+            if kind == "u":
+                before: Row | None = row["before_values"]
+                after: Row | None = row["after_values"]
+                images = (before, after)
+            elif kind == "c":
+                before, after = None, row["values"]
+                images = (after,)
+            else:
+                before, after = row["values"], None
+                images = (before,)
+            if convert:
+                for image in images:
+                    for name, fn in convert:
+                        if name in image:  # type: ignore[operator]
+                            image[name] = fn(image[name])  # type: ignore[index]
+            try:
+                old_key = None if before is None else tuple([before[c] for c in key_cols])
+                new_key = None if after is None else tuple([after[c] for c in key_cols])
+            except KeyError as err:
+                raise SourceError(
+                    f"binlog rows of {table} lack primary key column {err}",
+                    "SET GLOBAL binlog_row_metadata=FULL and binlog_row_image=FULL",
+                ) from None
+            if kind == "u" and old_key != new_key:
+                # the key changed: the old key is gone, the new one appears
+                parts: tuple[tuple[str, Any, Row | None, Row | None], ...] = (
+                    ("d", old_key, before, None),
+                    ("c", new_key, None, after),
+                )
+            else:
+                parts = ((kind, new_key if after is not None else old_key, before, after),)
+            for op, key, b, a in parts:
+                position = Position.mysql(fi, end, index)
+                index += 1
+                if skip is not None and position <= skip:
+                    continue
+                item = ChangeEvent(
+                    table=table,
+                    op=op,  # type: ignore[arg-type]
+                    key=key,  # type: ignore[arg-type]
+                    position=position,
+                    before=b,
+                    after=a,
+                    ts_ms=ts_ms,
+                    gtid=gtid,
+                )
+                pending.append((item, file, pos))
+                self._produced = position
+
+    # -- offsets ----------------------------------------------------------------------------
+
+    def offset(self) -> Offset:
+        return {
+            "file": self._ret_file,
+            "pos": self._ret_pos,
+            "after": None if self._ret_after is None else str(self._ret_after),
+        }
+
+    def acknowledge(self, offset: Offset) -> None:
+        """Nothing to free: the server purges binlogs by its own retention settings."""
+
+    def _close_stream(self) -> None:
+        if self._stream is not None:
+            with contextlib.suppress(Exception):  # already broken
+                self._stream.close()
+            self._stream = None
+
+    def close(self) -> None:
+        self._close_stream()
+        self.source.close()
+
+    def __enter__(self) -> BinlogReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
