@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -110,3 +111,46 @@ def test_malformed_config_and_missing_secret(tmp_path: Path, config_file: Path) 
     )
     assert missing.returncode == 2
     assert "environment variable DB_PASSWORD is not set" in missing.stderr
+
+
+@pytest.mark.integration
+def test_dump_plans_against_real_mariadb(mysql_db: Any, tmp_path: Path) -> None:
+    conn = mysql_db.connect()
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE orders (a INT, b VARCHAR(8), PRIMARY KEY (a, b))")
+        cur.executemany("INSERT INTO orders VALUES (%s, %s)", [(i, "x") for i in range(250)])
+    conn.close()
+    file = tmp_path / "dblog.yaml"
+    file.write_text(
+        CONFIG.replace("127.0.0.1:1/app", mysql_db.url.rsplit("@", 1)[1])
+        .replace("app.orders", f"{mysql_db.name}.orders")
+        .replace("sinks:", "dump: {chunk_size: 100}\nsinks:")
+    )
+    table = f"{mysql_db.name}.orders"
+    password = mysql_db.url.split(":")[2].split("@")[0]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return dblog(*args, env_password=password)
+
+    result = run("dump", "-c", str(file), "--table", table)
+    assert result.returncode == 0, result.stderr
+    dump_id = int(result.stdout.strip().splitlines()[-1])
+    status = json.loads(run("status", "-c", str(file), "--dump", str(dump_id), "--json").stdout)
+    assert (status["state"], status["chunks_total"]) == ("pending", 3)
+
+    keys = run(
+        "dump", "-c", str(file), "--table", table, "--pk", '[1, "x"]', "--pk", '{"a": 2, "b": "x"}'
+    )
+    assert keys.returncode == 0, keys.stderr
+    for args, message in [
+        (["--table", f"{mysql_db.name}.nope"], "is not captured by stream inventory"),
+        (["--table", table, "--pk", '["one", "x"]'], "column a"),
+        (["--table", table, "--pk", "[1]"], "has 1 values"),
+        (["--table", table, "--pk", "{bad json"], "is not JSON"),
+        (["--all", "--pk", "1"], "--pk needs exactly one --table"),
+    ]:
+        before = len(MetadataStore(f"sqlite:///{tmp_path}/meta.db").dumps("inventory"))
+        bad = run("dump", "-c", str(file), *args)
+        assert bad.returncode == 2, (args, bad.stderr)
+        assert message in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+        assert len(MetadataStore(f"sqlite:///{tmp_path}/meta.db").dumps("inventory")) == before

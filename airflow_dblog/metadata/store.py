@@ -350,6 +350,25 @@ class MetadataStore:
             self._start(s, chunk, worker)
             return chunk
 
+    def split_chunk(self, chunk_id: int, at_key: list[Any]) -> None:
+        """Shrink a range chunk to ``(lower, at_key]``; the rest becomes a new pending chunk.
+
+        Rows inserted into a range after it was cut can fill a page before its upper key; the
+        keys past the page must not be skipped.
+        """
+        with self.session() as s:
+            chunk = _get_chunk(s, chunk_id)
+            seq = s.scalar(
+                select(func.count())
+                .select_from(Chunk)
+                .where(Chunk.dump_id == chunk.dump_id, Chunk.table_name == chunk.table_name)
+            )
+            rest = _new_chunk(
+                chunk.dump_id, chunk.table_name, seq or 0, lower=at_key, upper=chunk.upper_key
+            )
+            chunk.upper_key = at_key
+            s.add(rest)
+
     def _start(self, s: Session, chunk: Chunk, worker: str) -> None:
         now = utcnow()
         chunk.state, chunk.claimed_by, chunk.started_at = "running", worker, now
@@ -427,6 +446,10 @@ class MetadataStore:
                 .values(state="pending", window=None, low_watermark=None, high_watermark=None)
             )
             return result.rowcount or 0
+
+    def chunks(self, dump_id: int) -> list[Chunk]:
+        with self.session() as s:
+            return list(s.scalars(select(Chunk).where(Chunk.dump_id == dump_id).order_by(Chunk.id)))
 
     def chunk(self, chunk_id: int) -> Chunk:
         with self.session() as s:

@@ -1,0 +1,71 @@
+"""Primary keys as people type them and as the metadata store keeps them.
+
+People write a key as a scalar (one-column keys), a list in key order, or an object by column
+name. The metadata store keeps keys as JSON; bytes are tagged so they survive the round trip.
+Turning the JSON values into column types is the source's job (``Source.coerce_key``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_dblog.errors import InputError
+
+_BYTES = "$bytes"
+
+
+def key_in_order(value: Any, key_columns: Sequence[str], table: str) -> list[Any]:
+    """A user-given key as a list in key-column order; InputError when its shape is wrong."""
+    columns = list(key_columns)
+    if isinstance(value, dict):
+        names = set(map(str, value))
+        if names != set(columns):
+            raise InputError(
+                f"key {value!r} for {table} names columns {sorted(names)}",
+                f"give exactly the primary key columns {columns}",
+            )
+        return [value[c] for c in columns]
+    if isinstance(value, list):
+        if len(value) != len(columns):
+            raise InputError(
+                f"key {value!r} for {table} has {len(value)} values",
+                f"the primary key has {len(columns)} columns {columns}",
+            )
+        return list(value)
+    if len(columns) != 1:
+        raise InputError(
+            f"key {value!r} for {table} is a single value",
+            f'write composite keys as a list in order {columns} or as {{"{columns[0]}": ...}}',
+        )
+    return [value]
+
+
+def to_json(key: Sequence[Any]) -> list[Any]:
+    """A key tuple as JSON-able values (dates as ISO text, decimals and UUIDs as text)."""
+    return [_jsonable(v) for v in key]
+
+
+def from_json(values: Sequence[Any]) -> list[Any]:
+    """Undo the tagging of :func:`to_json`; other values stay JSON for ``coerce_key``."""
+    return [
+        bytes.fromhex(v[_BYTES]) if isinstance(v, dict) and set(v) == {_BYTES} else v
+        for v in values
+    ]
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {_BYTES: bytes(value).hex()}
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, (decimal.Decimal, uuid.UUID)):
+        return str(value)
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    raise TypeError(f"cannot store a key value of type {type(value).__name__}")

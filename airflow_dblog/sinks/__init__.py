@@ -1,0 +1,1 @@
+"""Sinks a merged batch is written through: Delta Lake, Kafka, and an in-memory one for tests."""
