@@ -18,10 +18,24 @@ def get_provider_info() -> dict[str, Any]:
         "description": "Watermark-based CDC dumps of MySQL/MariaDB and PostgreSQL into Delta "
         "Lake and Kafka, planned and tracked from Airflow.",
         "versions": [__version__],
-        "hooks": [],
-        "operators": [],
-        "sensors": [],
-        "triggers": [],
-        "connection-types": [],
-        "extra-links": [],
+        "hooks": [{"integration-name": "DBLog", "python-modules": ["airflow_dblog.hooks.dblog"]}],
+        "operators": [
+            {"integration-name": "DBLog", "python-modules": ["airflow_dblog.operators.dblog"]}
+        ],
+        "sensors": [
+            {"integration-name": "DBLog", "python-modules": ["airflow_dblog.sensors.dblog"]}
+        ],
+        "triggers": [
+            {"integration-name": "DBLog", "python-modules": ["airflow_dblog.triggers.dblog"]}
+        ],
+        "connection-types": [
+            {"connection-type": "dblog", "hook-class-name": "airflow_dblog.hooks.dblog.DblogHook"}
+        ],
+        "integrations": [
+            {
+                "integration-name": "DBLog",
+                "external-doc-url": "https://netflixtechblog.com/dblog-a-generic-change-data-capture-framework-69351fb9099b",
+                "tags": ["software"],
+            }
+        ],
     }

@@ -21,6 +21,7 @@ from airflow_dblog.config import Config, DumpSettings
 from airflow_dblog.events import ChangeEvent, LogItem
 from airflow_dblog.merge import WatermarkMerge
 from airflow_dblog.metadata import MetadataStore
+from airflow_dblog.metadata.store import utcnow
 from airflow_dblog.sinks.base import Sink
 from airflow_dblog.sources.base import ChangelogReader, Source
 
@@ -77,6 +78,8 @@ class Capture:
                 self.config.name,
                 source_offset={"reader": offset, "batch_id": self.batch_id},
                 position=str(items[-1].position) if items else None,
+                heartbeat_at=utcnow(),
+                **({"last_event_at": utcnow()} if output else {}),
             )
             for c in closed:
                 self.store.complete_chunk(c.chunk_id, c.selected, c.dropped, c.emitted)

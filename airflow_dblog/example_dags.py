@@ -1,0 +1,27 @@
+"""What the example DAGs need from their environment, kept out of the DAG files.
+
+The DAGs find the stream's config file in the ``DBLOG_CONFIG`` environment variable; without
+it they use the ``dblog_default`` connection, whose extra names the file. Reading the config
+at parse time only offers the table list to the trigger form; nothing connects anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+
+from airflow_dblog.config import load_config
+from airflow_dblog.errors import DblogError
+
+
+def config_path() -> str | None:
+    return os.environ.get("DBLOG_CONFIG") or None
+
+
+def captured_tables() -> list[str]:
+    path = config_path()
+    if path is None:
+        return []
+    try:
+        return [str(t) for t in load_config(path).source.tables]
+    except DblogError:
+        return []  # the first task reports the config problem with its one-line message

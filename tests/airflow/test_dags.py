@@ -1,0 +1,41 @@
+"""Every example DAG imports cleanly, with and without a config to read tables from."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+DAGS = Path(__file__).resolve().parents[2] / "dags"
+CONFIG = """
+name: inventory
+source: {type: mysql, url: "mysql://u:p@127.0.0.1:1/app", tables: [app.orders, app.users]}
+sinks: {delta: {path: ./delta}}
+checkpoint: ./cp
+"""
+
+
+@pytest.mark.parametrize("with_config", [False, True])
+def test_dags_import_without_errors_or_warnings(
+    with_config: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if with_config:
+        (tmp_path / "dblog.yaml").write_text(CONFIG)
+        monkeypatch.setenv("DBLOG_CONFIG", str(tmp_path / "dblog.yaml"))
+    else:
+        monkeypatch.delenv("DBLOG_CONFIG", raising=False)
+    from airflow.dag_processing.dagbag import DagBag
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bag = DagBag(dag_folder=str(DAGS))
+    assert bag.import_errors == {}
+    ours = [w for w in caught if str(DAGS) in str(w.filename) or "airflow_dblog" in str(w.filename)]
+    assert ours == [], [str(w.message) for w in ours]
+    assert set(bag.dag_ids) == {"dblog_scheduled_dump", "dblog_backfill", "dblog_health"}
+    table = bag.dags["dblog_backfill"].params.get_param("table")
+    if with_config:
+        assert table.schema["enum"] == ["app.orders", "app.users"]
+    else:
+        assert "enum" not in table.schema
