@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_dblog.errors import InputError
@@ -18,24 +18,30 @@ from airflow_dblog.errors import InputError
 _BYTES = "$bytes"
 
 
-def key_in_order(value: Any, key_columns: Sequence[str], table: str) -> list[Any]:
+def check_arity(table: object, key_columns: Sequence[str], values: Sequence[Any]) -> Sequence[Any]:
+    """``values`` unchanged if there is one per key column; InputError otherwise."""
+    if len(values) != len(key_columns):
+        raise InputError(
+            f"key {list(values)!r} has {len(values)} value(s) but {table} has the"
+            f" {len(key_columns)}-column primary key ({', '.join(key_columns)})",
+            "give one value per primary key column, in key order",
+        )
+    return values
+
+
+def key_in_order(value: Any, key_columns: Sequence[str], table: object) -> list[Any]:
     """A user-given key as a list in key-column order; InputError when its shape is wrong."""
     columns = list(key_columns)
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         names = set(map(str, value))
         if names != set(columns):
             raise InputError(
-                f"key {value!r} for {table} names columns {sorted(names)}",
-                f"give exactly the primary key columns {columns}",
+                f"key {dict(value)!r} for {table} names columns {sorted(names)}",
+                f"give exactly the primary key columns ({', '.join(columns)})",
             )
         return [value[c] for c in columns]
-    if isinstance(value, list):
-        if len(value) != len(columns):
-            raise InputError(
-                f"key {value!r} for {table} has {len(value)} values",
-                f"the primary key has {len(columns)} columns {columns}",
-            )
-        return list(value)
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return list(check_arity(table, columns, value))
     if len(columns) != 1:
         raise InputError(
             f"key {value!r} for {table} is a single value",

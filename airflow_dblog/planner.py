@@ -12,7 +12,7 @@ from typing import Any
 from airflow_dblog.config import Config
 from airflow_dblog.errors import InputError
 from airflow_dblog.events import TableId
-from airflow_dblog.keys import key_in_order, to_json
+from airflow_dblog.keys import to_json
 from airflow_dblog.metadata import MetadataStore
 from airflow_dblog.metadata.store import TablePlan
 from airflow_dblog.sources import Source, open_source
@@ -62,8 +62,7 @@ def plan_tables(
             )
         unique: dict[tuple[Any, ...], None] = {}
         for value in keys:
-            typed = source.coerce_key(table, key_in_order(value, schema.key, str(table)))
-            unique[tuple(typed)] = None
+            unique[tuple(source.coerce_key(table, value))] = None
         encoded = [to_json(k) for k in unique]
         starts = range(0, len(encoded), chunk_size)
         plans.append(

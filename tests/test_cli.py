@@ -145,7 +145,7 @@ def test_dump_plans_against_real_mariadb(mysql_db: Any, tmp_path: Path) -> None:
     for args, message in [
         (["--table", f"{mysql_db.name}.nope"], "is not captured by stream inventory"),
         (["--table", table, "--pk", '["one", "x"]'], "column a"),
-        (["--table", table, "--pk", "[1]"], "has 1 values"),
+        (["--table", table, "--pk", "[1]"], "has 1 value(s)"),
         (["--table", table, "--pk", "{bad json"], "is not JSON"),
         (["--all", "--pk", "1"], "--pk needs exactly one --table"),
     ]:

@@ -33,6 +33,7 @@ import pymysql.cursors
 
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.events import Row, TableId
+from airflow_dblog.keys import check_arity, key_in_order
 from airflow_dblog.position import Position, binlog_file_index
 from airflow_dblog.redact import redact
 from airflow_dblog.sources.base import Column, Key, TableSchema
@@ -712,11 +713,11 @@ class MysqlSource:
         where: list[str] = []
         params: list[Any] = []
         if lower is not None:
-            sql, values = _keyset_after(key, self._arity(table, key, lower))
+            sql, values = _keyset_after(key, check_arity(table, key, lower))
             where.append(sql)
             params.extend(values)
         if upper is not None:
-            sql, values = _keyset_upto(key, self._arity(table, key, upper))
+            sql, values = _keyset_upto(key, check_arity(table, key, upper))
             where.append(sql)
             params.extend(values)
         order = ", ".join(quote_ident(c) for c in key)
@@ -729,16 +730,6 @@ class MysqlSource:
             text += " OFFSET %s"
             params.append(int(offset))
         return text, params
-
-    @staticmethod
-    def _arity(table: TableId, key: Sequence[str], values: Sequence[Any]) -> Sequence[Any]:
-        if len(values) != len(key):
-            raise InputError(
-                f"key {tuple(values)!r} has {len(values)} values but {table} has the"
-                f" {len(key)}-column primary key ({', '.join(key)})",
-                "give one value per primary key column, in key order",
-            )
-        return values
 
     def range_sql(
         self, table: TableId, lower: Key | None, upper: Key | None, limit: int
@@ -782,12 +773,12 @@ class MysqlSource:
         if len(q) == 1:
             where = f"{q[0]} IN ({', '.join(['%s'] * len(keys))})"
             for k in keys:
-                params.extend(self._arity(table, key, k))
+                params.extend(check_arity(table, key, k))
         else:
             one = "(" + " AND ".join(f"{c} = %s" for c in q) + ")"
             where = " OR ".join([one] * len(keys))
             for k in keys:
-                params.extend(self._arity(table, key, k))
+                params.extend(check_arity(table, key, k))
         sql = (
             f"SELECT * FROM {quote_table(table)} FORCE INDEX (PRIMARY) WHERE {where}"
             f" ORDER BY {', '.join(q)}"
@@ -814,23 +805,7 @@ class MysqlSource:
     def coerce_key(self, table: TableId, key: Sequence[Any] | Mapping[str, Any]) -> Key:
         info = self.table_info(table)
         names = info.schema.key
-        if isinstance(key, Mapping):
-            if set(map(str, key)) != set(names):
-                raise InputError(
-                    f"key {dict(key)!r} for {table} names columns {sorted(map(str, key))}",
-                    f"give exactly the primary key columns ({', '.join(names)})",
-                )
-            values = [key[c] for c in names]
-        elif isinstance(key, (str, bytes)) or not isinstance(key, Sequence):
-            values = [key]
-        else:
-            values = list(key)
-        if len(values) != len(names):
-            raise InputError(
-                f"key {values!r} has {len(values)} value(s) but {table} has the"
-                f" {len(names)}-column primary key ({', '.join(names)})",
-                "give one value per primary key column, in key order",
-            )
+        values = key_in_order(key, names, table)
         typed = []
         for name, value in zip(names, values, strict=True):
             col = info.column(name)

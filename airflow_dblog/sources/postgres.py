@@ -56,6 +56,7 @@ from psycopg2 import sql
 
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.events import Row, TableId
+from airflow_dblog.keys import check_arity, key_in_order
 from airflow_dblog.position import Position, int_to_lsn, lsn_to_int
 from airflow_dblog.redact import redact
 from airflow_dblog.sources.base import Column, Key, TableSchema
@@ -785,16 +786,6 @@ class PostgresSource:
     def _params(n: int) -> sql.Composable:
         return sql.SQL("({})").format(sql.SQL(", ").join(sql.Placeholder() * n))
 
-    @staticmethod
-    def _arity(table: TableId, key: Sequence[str], values: Sequence[Any]) -> Sequence[Any]:
-        if len(values) != len(key):
-            raise InputError(
-                f"key {list(values)!r} has {len(values)} value(s) but {table} has the"
-                f" {len(key)}-column primary key ({', '.join(key)})",
-                "give one value per primary key column, in key order",
-            )
-        return values
-
     def range_sql(
         self,
         table: TableId,
@@ -814,10 +805,10 @@ class PostgresSource:
         params: list[Any] = []
         if lower is not None:
             where.append(sql.SQL("{} > {}").format(self._row(key), self._params(len(key))))
-            params.extend(self._arity(table, key, lower))
+            params.extend(check_arity(table, key, lower))
         if upper is not None:
             where.append(sql.SQL("{} <= {}").format(self._row(key), self._params(len(key))))
-            params.extend(self._arity(table, key, upper))
+            params.extend(check_arity(table, key, upper))
         direction = sql.SQL(" DESC" if descending else "")
         query = sql.SQL("SELECT {cols} FROM {table}{where} ORDER BY {order}").format(
             cols=sql.SQL(", ").join(map(sql.Identifier, cols)),
@@ -839,7 +830,7 @@ class PostgresSource:
         key = info.schema.key
         params: list[Any] = []
         for k in keys:
-            params.extend(self._arity(table, key, k))
+            params.extend(check_arity(table, key, k))
         query = sql.SQL(
             "SELECT {cols} FROM {table} WHERE {row} IN ({values}) ORDER BY {order}"
         ).format(
@@ -944,18 +935,7 @@ class PostgresSource:
     def coerce_key(self, table: TableId, key: Sequence[Any] | Mapping[str, Any]) -> Key:
         info = self.table_info(table)
         names = info.schema.key
-        if isinstance(key, Mapping):
-            if set(map(str, key)) != set(names):
-                raise InputError(
-                    f"key {dict(key)!r} for {table} names columns {sorted(map(str, key))}",
-                    f"give exactly the primary key columns ({', '.join(names)})",
-                )
-            values = [key[c] for c in names]
-        elif isinstance(key, (str, bytes)) or not isinstance(key, Sequence):
-            values = [key]
-        else:
-            values = list(key)
-        self._arity(table, names, values)
+        values = key_in_order(key, names, table)
         typed = []
         for name, value in zip(names, values, strict=True):
             col = info.column(name)

@@ -90,7 +90,7 @@ def test_dump_backfill_control_and_set(config_path: str, mysql_db: Any) -> None:
         ("{db}.orders; DROP TABLE orders", "1", "is not captured by stream inventory"),
         ("{db}.orders", '["x", "a"]', "id"),
         ("{db}.orders", '[1, "a"', "not valid JSON"),
-        ("{db}.orders", "[1]", "has 1 values"),
+        ("{db}.orders", "[1]", "has 1 value(s)"),
         ("{db}.orders", "5", "is a single value"),
         ("{db}.orders", "", "no primary keys given"),
     ],
