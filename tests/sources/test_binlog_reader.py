@@ -11,48 +11,16 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import pymysql
 import pytest
+from source_dbs import MysqlDb as Db
 
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.events import ChangeEvent, Heartbeat, LogItem, TableId, WatermarkEvent
 from airflow_dblog.position import Position
 from airflow_dblog.sources.binlog_reader import BinlogReader
-from airflow_dblog.sources.mysql import MysqlSource, parse_mysql_url
+from airflow_dblog.sources.mysql import MysqlSource
 
 pytestmark = pytest.mark.integration
-
-
-class Db:
-    def __init__(self, url: str, name: str) -> None:
-        self.url, self.name = url, name
-        self.settings = parse_mysql_url(url)
-        self._conn: Any = None
-
-    def connect(self) -> Any:
-        return pymysql.connect(
-            **self.settings.pymysql_kwargs(), autocommit=True, init_command="SET time_zone='+00:00'"
-        )
-
-    def execute(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
-        if self._conn is None:
-            self._conn = self.connect()
-        with self._conn.cursor() as cur:
-            if isinstance(params, list):
-                cur.executemany(sql, params)
-            else:
-                cur.execute(sql, params)
-            return list(cur.fetchall())
-
-    def table(self, name: str) -> TableId:
-        return TableId(self.name, name)
-
-    def q(self, name: str) -> str:
-        return f"`{self.name}`.`{name}`"
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from typing import Any
 
 import pymysql
 import pytest
+from source_dbs import MysqlDb as Db
 
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.events import TableId
@@ -19,44 +20,9 @@ from airflow_dblog.sources.mysql import (
     END_OF_EVENT,
     WATERMARK_TABLE_ID,
     MysqlSource,
-    parse_mysql_url,
 )
 
 pytestmark = pytest.mark.integration
-
-
-class Db:
-    """One fresh database of the shared server, as a URL plus a few helpers."""
-
-    def __init__(self, url: str, name: str) -> None:
-        self.url, self.name = url, name
-        self.settings = parse_mysql_url(url)
-        self._conn: Any = None
-
-    def connect(self) -> Any:
-        return pymysql.connect(
-            **self.settings.pymysql_kwargs(), autocommit=True, init_command="SET time_zone='+00:00'"
-        )
-
-    def execute(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
-        if self._conn is None:
-            self._conn = self.connect()
-        with self._conn.cursor() as cur:
-            if isinstance(params, list):
-                cur.executemany(sql, params)
-            else:
-                cur.execute(sql, params)
-            return list(cur.fetchall())
-
-    def table(self, name: str) -> TableId:
-        return TableId(self.name, name)
-
-    def q(self, name: str) -> str:
-        return f"`{self.name}`.`{name}`"
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg2
 import pytest
+from source_dbs import PostgresDb as Db
 
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.events import ChangeEvent, TableId
@@ -24,33 +24,6 @@ from airflow_dblog.sources.postgres import (
     coerce_value,
     parse_postgres_url,
 )
-
-
-class Db:
-    """One fresh database of the shared server, as a URL plus a few helpers."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self._conn: Any = None
-
-    def connect(self) -> Any:
-        conn = psycopg2.connect(parse_postgres_url(self.url).dsn, options="-c TimeZone=UTC")
-        conn.autocommit = True
-        return conn
-
-    def execute(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
-        if self._conn is None:
-            self._conn = self.connect()
-        with self._conn.cursor() as cur:
-            if isinstance(params, list):
-                cur.executemany(sql, params)
-            else:
-                cur.execute(sql, params)
-            return list(cur.fetchall()) if cur.description else []
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
 
 
 @pytest.fixture

@@ -11,13 +11,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg2
 import pytest
+from source_dbs import PostgresDb as Db
 
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.events import ChangeEvent, Heartbeat, LogItem, TableId, WatermarkEvent
 from airflow_dblog.position import Position, int_to_lsn, lsn_to_int
-from airflow_dblog.sources.postgres import PostgresSource, parse_postgres_url
+from airflow_dblog.sources.postgres import PostgresSource
 from airflow_dblog.sources.wal2json_reader import (
     UNAVAILABLE,
     Wal2jsonReader,
@@ -28,46 +28,6 @@ from airflow_dblog.sources.wal2json_reader import (
 
 T = TableId("public", "items")
 TC = TableId("public", "pairs")
-
-
-class Db:
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self._conn: Any = None
-
-    def connect(self, autocommit: bool = True) -> Any:
-        conn = psycopg2.connect(parse_postgres_url(self.url).dsn, options="-c TimeZone=UTC")
-        conn.autocommit = autocommit
-        return conn
-
-    def execute(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
-        if self._conn is None:
-            self._conn = self.connect()
-        with self._conn.cursor() as cur:
-            if isinstance(params, list):
-                cur.executemany(sql, params)
-            else:
-                cur.execute(sql, params)
-            return list(cur.fetchall()) if cur.description else []
-
-    def txn(self, *statements: str | tuple[str, Any]) -> int:
-        """Run statements in one transaction; returns its xid8."""
-        conn = self.connect(autocommit=False)
-        try:
-            with conn.cursor() as cur:
-                for s in statements:
-                    sql, params = (s, None) if isinstance(s, str) else s
-                    cur.execute(sql, params)
-                cur.execute("SELECT pg_current_xact_id()::text::bigint")
-                xid = cur.fetchone()[0]
-            conn.commit()
-            return int(xid)
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
 
 
 class Readers:

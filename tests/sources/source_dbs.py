@@ -1,0 +1,84 @@
+"""Handles on a per-test database of the shared servers, for the source and reader tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg2
+import pymysql
+
+from airflow_dblog.events import TableId
+from airflow_dblog.sources.mysql import parse_mysql_url
+from airflow_dblog.sources.postgres import parse_postgres_url
+
+
+class _Db:
+    """A lazily opened autocommit connection plus ``execute`` returning all rows."""
+
+    def __init__(self) -> None:
+        self._conn: Any = None
+
+    def connect(self) -> Any:
+        raise NotImplementedError
+
+    def execute(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        if self._conn is None:
+            self._conn = self.connect()
+        with self._conn.cursor() as cur:
+            if isinstance(params, list):
+                cur.executemany(sql, params)
+            else:
+                cur.execute(sql, params)
+            return list(cur.fetchall()) if cur.description else []
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+
+class MysqlDb(_Db):
+    """One fresh MariaDB/MySQL database, sessions in UTC like the source's."""
+
+    def __init__(self, url: str, name: str) -> None:
+        super().__init__()
+        self.url, self.name = url, name
+        self.settings = parse_mysql_url(url)
+
+    def connect(self) -> Any:
+        return pymysql.connect(
+            **self.settings.pymysql_kwargs(), autocommit=True, init_command="SET time_zone='+00:00'"
+        )
+
+    def table(self, name: str) -> TableId:
+        return TableId(self.name, name)
+
+    def q(self, name: str) -> str:
+        return f"`{self.name}`.`{name}`"
+
+
+class PostgresDb(_Db):
+    """One fresh PostgreSQL database, sessions in UTC like the source's."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+
+    def connect(self, autocommit: bool = True) -> Any:
+        conn = psycopg2.connect(parse_postgres_url(self.url).dsn, options="-c TimeZone=UTC")
+        conn.autocommit = autocommit
+        return conn
+
+    def txn(self, *statements: str | tuple[str, Any]) -> int:
+        """Run statements in one transaction; returns its xid8."""
+        conn = self.connect(autocommit=False)
+        try:
+            with conn.cursor() as cur:
+                for s in statements:
+                    sql, params = (s, None) if isinstance(s, str) else s
+                    cur.execute(sql, params)
+                cur.execute("SELECT pg_current_xact_id()::text::bigint")
+                xid = cur.fetchone()[0]
+            conn.commit()
+            return int(xid)
+        finally:
+            conn.close()
