@@ -6,28 +6,38 @@ rows every sink holds are completed, and only then is the source told it may fre
 crash between any two of these replays the batch: sinks are idempotent per batch id and refuse
 older positions, and chunks not completed are selected again.
 
-The Spark job runs the same steps inside ``foreachBatch``.
+The Spark job uses :class:`SpooledCapture`: the same steps, with the batch written to the spool
+and the commit (offset, chunks, acknowledgement) run once Spark's ``foreachBatch`` has written
+the sinks.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from airflow_dblog.chunk_executor import ChunkExecutor
 from airflow_dblog.config import Config, DumpSettings
 from airflow_dblog.events import ChangeEvent, LogItem
-from airflow_dblog.merge import WatermarkMerge
+from airflow_dblog.merge import ClosedChunk, WatermarkMerge
 from airflow_dblog.metadata import MetadataStore
 from airflow_dblog.metadata.store import utcnow
+from airflow_dblog.signals import SignalChannel
 from airflow_dblog.sinks.base import Sink
-from airflow_dblog.sources.base import ChangelogReader, Source
+from airflow_dblog.sources.base import ChangelogReader, Offset, Source
+from airflow_dblog.spool import Spool, closed_record
 
 log = logging.getLogger(__name__)
 
 CONTROLS_REFRESH_S = 1.0
+SEGMENT_S = 0.25  # a segment holds at most this much of the log...
+SEGMENT_EVENTS = 5000  # ...or this many events
+IDLE_SEGMENT_S = 1.0  # heartbeats alone: a segment a second
+MAX_PENDING_SEGMENTS = 40  # one micro-batch of backlog: then the dump waits for Spark
 
 
 @dataclass
@@ -58,9 +68,13 @@ class Capture:
         self.settings: DumpSettings = config.dump
         self._controls_at = 0.0
         self._last_chunk_at = 0.0
-        requeued = store.requeue_inflight(config.name)
+        self.signals: SignalChannel | None = None  # Kafka signals, polled with the controls
+        requeued = self._requeue()
         if requeued:
             log.info("restart: %d chunks in flight will be selected again", requeued)
+
+    def _requeue(self) -> int:
+        return self.store.requeue_inflight(self.config.name)
 
     def step(self, max_items: int = 5000, timeout_s: float = 0.2) -> StepResult:
         self._refresh_controls()
@@ -71,21 +85,41 @@ class Capture:
         closed = self.merge.pop_closed()
         if output or closed or items:
             self.batch_id += 1
-            for sink in self.sinks:
-                sink.write(self.batch_id, output)
-            offset = self.reader.offset()
-            self.store.save_stream_state(
-                self.config.name,
-                source_offset={"reader": offset, "batch_id": self.batch_id},
-                position=str(items[-1].position) if items else None,
-                heartbeat_at=utcnow(),
-                **({"last_event_at": utcnow()} if output else {}),
-            )
-            for c in closed:
-                self.store.complete_chunk(c.chunk_id, c.selected, c.dropped, c.emitted)
-            self.reader.acknowledge(offset)
+            self._publish(output, closed, items)
         started = self._start_chunks()
         return StepResult(len(items), len(output), started, len(closed))
+
+    def _publish(
+        self, output: list[ChangeEvent], closed: list[ClosedChunk], items: list[LogItem]
+    ) -> None:
+        """Write every sink, save the offset, complete chunks, then let the source free the log."""
+        for sink in self.sinks:
+            sink.write(self.batch_id, output)
+        offset = self.reader.offset()
+        position = str(items[-1].position) if items else None
+        self._record_commit(
+            offset, self.batch_id, position, bool(output), [closed_record(c) for c in closed]
+        )
+        self.reader.acknowledge(offset)
+
+    def _record_commit(
+        self,
+        offset: Offset,
+        batch_id: int,
+        position: str | None,
+        had_events: bool,
+        closed: Sequence[dict[str, Any]],
+    ) -> None:
+        """The sinks hold the batch: save where the log stands, then complete its chunks."""
+        self.store.save_stream_state(
+            self.config.name,
+            source_offset={"reader": offset, "batch_id": batch_id},
+            position=position,
+            heartbeat_at=utcnow(),
+            **({"last_event_at": utcnow()} if had_events else {}),
+        )
+        for c in closed:
+            self.store.complete_chunk(c["chunk_id"], c["selected"], c["dropped"], c["emitted"])
 
     def _start_chunks(self) -> int:
         """Run chunks up to the parallelism, honouring the delay between chunks."""
@@ -107,12 +141,123 @@ class Capture:
     def _refresh_controls(self) -> None:
         now = time.monotonic()
         if now - self._controls_at >= CONTROLS_REFRESH_S:
+            if self.signals is not None:
+                self.signals.poll()
             self.settings = self.store.controls(self.config.name, self.config.dump)
             self._controls_at = now
             for dump in self.store.dumps(self.config.name, ("cancelled",)):
                 self.merge.cancel_dump(dump.id)
 
     def close(self) -> None:
+        if self.signals is not None:
+            self.signals.close()
         self.reader.close()
         for sink in self.sinks:
             sink.close()
+
+
+class SpooledCapture(Capture):
+    """The capture loop of the Spark job: batches go to the spool, Spark commits them.
+
+    Chunks are completed and the source is acknowledged by :meth:`committed`, which the Spark
+    batch calls once every sink holds the segments; the reader is only touched on this loop's
+    thread. After a restart the reader continues after the last segment written (Spark has yet
+    to commit it, or already did), and chunks closed in a segment still on disk are not selected
+    again: their rows are in it.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        store: MetadataStore,
+        source: Source,
+        reader_factory: Callable[[Offset | None], ChangelogReader],
+        spool: Spool,
+        worker: str = "stream",
+    ) -> None:
+        self.spool = spool
+        seqs = spool.segments()
+        footers = [spool.footer(seq) for seq in seqs]
+        state = store.stream_state(config.name)
+        saved = (state.source_offset or {}) if state else {}
+        last = footers[-1] if footers else saved
+        self._durable = {c["chunk_id"] for f in footers for c in f["closed"]}
+        self._ack_lock = threading.Lock()
+        self._ack: Offset | None = None
+        self._spooled_at = 0.0
+        self._committed_end = seqs[0] if seqs else 0  # segments before it are in every sink
+        self._pending: list[ChangeEvent] = []
+        self._pending_closed: list[ClosedChunk] = []
+        self._pending_position: str | None = None
+        super().__init__(
+            config,
+            store,
+            source,
+            reader_factory(last.get("reader")),
+            [],
+            worker,
+            int(last.get("batch_id", 0)),
+        )
+
+    def _requeue(self) -> int:
+        return self.store.requeue_inflight(self.config.name, keep=self._durable)
+
+    def _start_chunks(self) -> int:
+        if self.spool.end() - self._committed_end > MAX_PENDING_SEGMENTS:
+            return 0  # Spark is behind: read the log on, but add no dump rows to the backlog
+        return super()._start_chunks()
+
+    def step(self, max_items: int = 5000, timeout_s: float = 0.2) -> StepResult:
+        with self._ack_lock:
+            ack, self._ack = self._ack, None
+        if ack is not None:
+            self.reader.acknowledge(ack)
+        return super().step(max_items, timeout_s)
+
+    def _publish(
+        self, output: list[ChangeEvent], closed: list[ClosedChunk], items: list[LogItem]
+    ) -> None:
+        """Buffer the step; write a segment when it is big or old enough.
+
+        A busy log gives many small reads; one file per read would cost an fsync each and give
+        Spark thousands of tiny segments. Until it is written, a crash just reads it again.
+        """
+        self._pending.extend(output)
+        self._pending_closed.extend(closed)
+        if items:
+            self._pending_position = str(items[-1].position)
+        now = time.monotonic()
+        age = now - self._spooled_at
+        has_data = bool(self._pending or self._pending_closed)
+        if len(self._pending) < SEGMENT_EVENTS and age < (
+            SEGMENT_S if has_data else IDLE_SEGMENT_S
+        ):
+            return
+        self._spooled_at = now
+        self.spool.append(
+            self._pending,
+            {
+                "batch_id": self.batch_id,
+                "reader": self.reader.offset(),
+                "position": self._pending_position,
+                "closed": [closed_record(c) for c in self._pending_closed],
+            },
+        )
+        self._pending, self._pending_closed = [], []
+
+    def committed(self, footers: Sequence[dict[str, Any]]) -> None:
+        """Every sink holds these segments: complete their chunks, save and free the log."""
+        if not footers:
+            return
+        last = max(footers, key=lambda f: f["seq"])
+        self._committed_end = max(self._committed_end, last["seq"] + 1)
+        positions = [f["position"] for f in footers if f["position"]]
+        self._record_commit(
+            last["reader"],
+            last["batch_id"],
+            max(positions) if positions else None,
+            any(f["events"] for f in footers),
+            [c for f in footers for c in f["closed"]],
+        )
+        with self._ack_lock:
+            self._ack = last["reader"]

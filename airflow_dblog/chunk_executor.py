@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 from airflow_dblog.events import TableId
@@ -28,14 +27,6 @@ from airflow_dblog.sources.base import Key, Source
 from airflow_dblog.window import GtidWindow, PositionWindow, SnapshotXidWindow, TableWindow
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RunningChunk:
-    chunk_id: int
-    dump_id: int
-    table: TableId
-    rows_selected: int
 
 
 class ChunkExecutor:
@@ -55,7 +46,10 @@ class ChunkExecutor:
 
     def claim(self, chunk_size: int) -> Chunk | None:
         """The oldest runnable dump's next chunk: requeued or key-list chunks first."""
-        for dump in self.store.runnable_dumps(self.stream):
+        dumps = self.store.runnable_dumps(self.stream)
+        if not dumps:
+            return None  # the common case between dumps: one query per step, no more
+        for dump in dumps:
             chunk = self.store.claim_pending_chunk(dump.id, self.worker)
             if chunk is not None:
                 return chunk
@@ -75,8 +69,8 @@ class ChunkExecutor:
         self.store.finish_empty_dumps(self.stream)
         return None
 
-    def run(self, chunk: Chunk, chunk_size: int) -> RunningChunk:
-        """Execute a claimed chunk and register it with the merge; returns after the SELECT."""
+    def run(self, chunk: Chunk, chunk_size: int) -> int:
+        """Execute a claimed chunk and register it with the merge; returns the rows selected."""
         table = TableId.parse(chunk.table_name)
         limit = chunk_size
         select = self._selector(table, chunk, limit)
@@ -112,7 +106,7 @@ class ChunkExecutor:
         log.info(
             "chunk %s#%s of dump %s: %d rows selected", table, chunk.seq, chunk.dump_id, len(rows)
         )
-        return RunningChunk(chunk.id, chunk.dump_id, table, len(rows))
+        return len(rows)
 
     def _selector(self, table: TableId, chunk: Chunk, limit: int) -> Any:
         if chunk.keys is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Callable, Sequence
 
@@ -99,6 +100,10 @@ def _load(args: argparse.Namespace) -> tuple[Config, MetadataStore]:
 
 def _stream(args: argparse.Namespace) -> int:
     config = load_config(args.config)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     from airflow_dblog.stream_job import run_stream  # imports pyspark: only when streaming
 
     return run_stream(config)

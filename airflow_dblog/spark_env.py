@@ -12,6 +12,7 @@ Importing this module does not import pyspark; :func:`build_spark_session` does.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -83,6 +84,11 @@ def build_spark_session(
         # CDC tables are small per micro-batch; Spark's default of 200 shuffle partitions is
         # all overhead. Override per job if needed.
         "spark.sql.shuffle.partitions": "8",
+        # Delta replays its log with 50 partitions by default: most of a small MERGE's time
+        "spark.databricks.delta.snapshotPartitions": "4",
+        "spark.ui.showConsoleProgress": "false",
+        # local mode: the driver is the executor too; Spark's 1g is tight for a dump's batches
+        "spark.driver.memory": "2g",
     }
     for key, value in (extra_conf or {}).items():
         conf[key] = _conf_value(value)
@@ -90,6 +96,8 @@ def build_spark_session(
         # Keep a local driver on loopback (and quiet Spark's "hostname resolves to a loopback
         # address" warning); a cluster run leaves networking to spark-submit.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # Python workers (the changelog source, UDFs) run this interpreter and its packages
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         conf.setdefault("spark.driver.host", "127.0.0.1")
         conf.setdefault("spark.driver.bindAddress", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name)
@@ -98,3 +106,7 @@ def build_spark_session(
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+if __name__ == "__main__":  # `spark-submit --jars "$(python -m airflow_dblog.spark_env)" ...`
+    print(",".join(spark_jars()))

@@ -63,7 +63,10 @@ def write_rows(conn: Any, db: str, rows: int, batch: int) -> None:
             )
 
 
-def bench_raw(url: str, db: str, file: str, pos: int, rows: int) -> float:
+def bench_raw(
+    url: str, db: str, file: str, pos: int, rows: int, event: type = WriteRowsEvent
+) -> float:
+    """Seconds pymysqlreplication takes to decode ``rows`` rows of ``event``s of table bench."""
     settings = parse_mysql_url(url).pymysql_kwargs()
     stream = BinLogStreamReader(
         connection_settings=settings,
@@ -72,7 +75,7 @@ def bench_raw(url: str, db: str, file: str, pos: int, rows: int) -> float:
         blocking=True,
         log_file=file,
         log_pos=pos,
-        only_events=[WriteRowsEvent],
+        only_events=[event],
         only_schemas=[db],
         only_tables=["bench"],
         enable_logging=False,

@@ -19,6 +19,7 @@ imported (``from services import MySQLServer``) without pytest magic.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -704,3 +705,30 @@ def fresh_zk_path(server: ZooKeeperServer, hint: str = "") -> Iterator[str]:
             client.delete(path, recursive=True)
         client.stop()
         client.close()
+
+
+def read_committed(servers: str, topic: str, quiet_s: float = 3.0) -> list[tuple[Any, Any]]:
+    """Everything committed on ``topic``, as (key, value) decoded from JSON."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": servers,
+            "group.id": f"test-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    out: list[tuple[Any, Any]] = []
+    last = time.monotonic()
+    while time.monotonic() - last < quiet_s:
+        msg = consumer.poll(0.5)
+        if msg is None or msg.error():
+            continue
+        last = time.monotonic()
+        value = msg.value()
+        out.append((json.loads(msg.key()), None if value is None else json.loads(value)))
+    consumer.close()
+    return out

@@ -8,7 +8,7 @@ state machine of a dump lives in one place.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -436,13 +436,18 @@ class MetadataStore:
             ):
                 self._finish_if_complete(s, dump.id, now)
 
-    def requeue_inflight(self, stream: str) -> int:
-        """After a restart: chunks that were claimed but not completed are selected again."""
+    def requeue_inflight(self, stream: str, keep: Collection[int] = ()) -> int:
+        """After a restart: chunks claimed but not completed are selected again.
+
+        ``keep``: chunks whose output is already durable downstream (the stream's spool) and
+        only waits to be committed; they are left as they are.
+        """
         with self.session() as s:
             ids = select(Dump.id).where(Dump.stream == stream)
             result = s.execute(
                 update(Chunk)
                 .where(Chunk.dump_id.in_(ids), Chunk.state.in_(("running", "selected")))
+                .where(Chunk.id.not_in(list(keep)))
                 .values(state="pending", window=None, low_watermark=None, high_watermark=None)
             )
             return result.rowcount or 0

@@ -1,0 +1,90 @@
+"""The stream's Spark source: the spool's segments as a PySpark Python data source.
+
+An offset is ``{"segment": N}``: everything before segment N. A micro-batch's segments are
+split into a few input partitions, read by Python workers as raw JSON lines (``seq``,
+``footer``, ``line``); Spark parses the lines itself (``from_json``) on the executors. Offsets are
+plain segment numbers and segments are immutable, so a batch Spark re-plans after a crash reads
+exactly the same lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
+
+from airflow_dblog.spool import Spool, is_footer
+
+NAME = "dblog_changelog"
+
+LINES = StructType(
+    [
+        StructField("seq", LongType(), False),
+        StructField("footer", BooleanType(), False),
+        StructField("line", StringType(), False),
+    ]
+)
+
+
+MAX_PARTITIONS = 4  # a batch's segments are split into at most this many Spark tasks
+MAX_SEGMENTS_PER_BATCH = 40  # at most 40 x 5,000 events per micro-batch
+
+
+class SegmentPartition(InputPartition):
+    """Consecutive segments ``first`` .. ``last`` (inclusive), read by one task."""
+
+    def __init__(self, directory: str, first: int, last: int) -> None:
+        super().__init__((first, last))
+        self.directory, self.first, self.last = directory, first, last
+
+
+class ChangelogStreamReader(DataSourceStreamReader):
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def initialOffset(self) -> dict[str, Any]:
+        seqs = Spool(self.directory).segments()
+        return {"segment": seqs[0] if seqs else 0}
+
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict:
+        end = Spool(self.directory).end()
+        if start is not None:  # a backlog is taken in bites: batch memory stays bounded
+            end = min(end, int(start["segment"]) + MAX_SEGMENTS_PER_BATCH)
+        return {"segment": end}
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        first, stop = int(start["segment"]), int(end["segment"])
+        size = max(1, -(-(stop - first) // MAX_PARTITIONS))  # ceiling division
+        return [
+            SegmentPartition(self.directory, seq, min(seq + size, stop) - 1)
+            for seq in range(first, stop, size)
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[int, bool, str]]:
+        assert isinstance(partition, SegmentPartition)
+        spool = Spool(partition.directory)
+        for seq in range(partition.first, partition.last + 1):
+            for line in spool.lines(seq):
+                yield seq, is_footer(line), line
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Spark committed up to ``end``; the batch committer deletes old segments itself."""
+
+
+class ChangelogSource(DataSource):
+    """``spark.readStream.format("dblog_changelog").option("path", <spool dir>)``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> StructType:
+        return LINES
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        directory = self.options.get("path")
+        if not directory:
+            raise ValueError("the dblog_changelog source needs option path (the spool directory)")
+        return ChangelogStreamReader(directory)

@@ -1,0 +1,250 @@
+"""Kafka sink: Debezium-style change events, one topic per table, exactly once per batch.
+
+Topic ``<prefix>.<db>.<table>``; message key = the primary key as a JSON object, so a key always
+lands on one partition and stays in order; value = ``{before, after, op, ts_ms, source}``; a
+tombstone (null value) follows each delete so compacted topics forget the key.
+
+Every micro-batch is one Kafka transaction of a producer whose ``transactional.id`` is the
+stream's: a consumer with ``isolation.level=read_committed`` sees a batch completely or not at
+all, and a restarted job fences off the old producer. The batch id is committed in the same
+transaction, as the offset of consumer group ``dblog-<stream>-kafka-sink`` on the marker topic
+``<prefix>.__dblog_batches``: a replayed batch whose id is already there is skipped, so a
+crash between Kafka's commit and Spark's does not write the batch twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_dblog.config import KafkaSinkConfig
+from airflow_dblog.errors import DblogError
+from airflow_dblog.events import TableId
+from airflow_dblog.sources.base import TableSchema
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_S = 30.0
+CONNECTORS = {"mysql": "mysql", "postgres": "postgresql"}
+
+
+class KafkaSinkError(DblogError):
+    """The broker refused a batch (unreachable, fenced, topic not creatable)."""
+
+
+def topic_name(prefix: str, table: TableId) -> str:
+    return f"{prefix}.{table.db}.{table.table}"
+
+
+def envelope(
+    row: Mapping[str, Any], schema: TableSchema, stream: str, source_kind: str, image_mode: str
+) -> tuple[bytes, bytes | None]:
+    """Key and value of one event (a row of the spool's event frame)."""
+    key_values = json.loads(row["key"])
+    key = dict(zip(schema.key, key_values, strict=True))
+    before = json.loads(row["before"]) if row["before"] else None
+    after = json.loads(row["after"]) if row["after"] else None
+    if image_mode == "NEW_IMAGE":
+        before = None
+    elif image_mode == "OLD_IMAGE":
+        after = None
+    elif image_mode == "KEYS_ONLY":
+        before = key if before is not None else None
+        after = key if after is not None else None
+    table = TableId.parse(row["table"])
+    extra = json.loads(row["source"]) if row["source"] else {}
+    source = {
+        "connector": CONNECTORS.get(source_kind, source_kind),
+        "name": stream,
+        "db": table.db,
+        ("schema" if source_kind == "postgres" else "database"): table.db,
+        "table": table.table,
+        "position": row["position"],
+        "ts_ms": row["ts_ms"],
+        "snapshot": "incremental" if row["op"] == "r" else "false",
+        "dump_id": row["dump_id"],
+        "chunk_id": row["chunk_id"],
+        **extra,
+    }
+    value = {
+        "before": before,
+        "after": after,
+        "op": row["op"],
+        "ts_ms": row["ts_ms"],
+        "source": source,
+    }
+    return _json(key), _json(value)
+
+
+def ensure_topics(bootstrap_servers: str, partitions: Mapping[str, int]) -> None:
+    """Create the topics that do not exist yet (broker-default replication)."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    try:
+        existing = set(admin.list_topics(timeout=TIMEOUT_S).topics)
+    except KafkaException as err:
+        raise KafkaSinkError(
+            f"Kafka at {bootstrap_servers} could not list topics: {err.args[0]}",
+            "check that the brokers are up",
+        ) from None
+    missing = [
+        NewTopic(t, n, replication_factor=-1) for t, n in partitions.items() if t not in existing
+    ]
+    if not missing:
+        return
+    for topic, future in admin.create_topics(missing, request_timeout=TIMEOUT_S).items():
+        try:
+            future.result()
+            log.info("kafka: created topic %s", topic)
+        except Exception as err:
+            if "TOPIC_ALREADY_EXISTS" not in str(err):
+                raise KafkaSinkError(
+                    f"Kafka topic {topic} cannot be created: {err}",
+                    "create it, or give the stream's user CreateTopics on the cluster",
+                ) from None
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=False).encode()
+
+
+class KafkaSink:
+    name = "kafka"
+
+    def __init__(
+        self,
+        config: KafkaSinkConfig,
+        stream: str,
+        source_kind: str,
+        schemas: Mapping[TableId, TableSchema],
+    ) -> None:
+        from confluent_kafka import Consumer, Producer
+
+        self.config, self.stream, self.source_kind = config, stream, source_kind
+        self.schemas = dict(schemas)
+        self.marker_topic = f"{config.topic_prefix}.__dblog_batches"
+        common = {"bootstrap.servers": config.bootstrap_servers}
+        self.group = f"dblog-{stream}-kafka-sink"
+        self._ensure_topics()
+        self.producer = Producer(
+            {
+                **common,
+                "transactional.id": f"dblog-{stream}",
+                "enable.idempotence": True,
+                "linger.ms": 20,
+                "compression.type": "lz4",
+                "transaction.timeout.ms": 120_000,
+            }
+        )
+        self._call(
+            "initialise the transactional producer", self.producer.init_transactions, TIMEOUT_S
+        )
+        self.consumer = Consumer(
+            {
+                **common,
+                "group.id": self.group,
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+            }
+        )
+        self._committed: int | None = None
+
+    def committed_batch(self) -> int:
+        """The last batch id this sink committed (-1 if none)."""
+        from confluent_kafka import TopicPartition
+
+        if self._committed is None:
+            (tp,) = self._call(
+                "read the committed batch id",
+                self.consumer.committed,
+                [TopicPartition(self.marker_topic, 0)],
+                TIMEOUT_S,
+            )
+            self._committed = tp.offset - 1 if tp.offset >= 0 else -1
+        return self._committed
+
+    def write_frame(self, batch_id: int, events: DataFrame, tables: Sequence[str] = ()) -> None:
+        if batch_id <= self.committed_batch():
+            log.info("kafka: batch %d is already committed; skipped", batch_id)
+            return
+        # range-partitioned by position, fetched one partition at a time: ordered, and the
+        # driver holds one slice of the batch, not all of it
+        ordered = events.orderBy("position").toLocalIterator()
+        self.write_rows(batch_id, (r.asDict() for r in ordered))
+
+    def write_rows(self, batch_id: int, rows: Iterable[Mapping[str, Any]]) -> int:
+        """One transaction: every event of the batch, then the batch id; returns messages sent."""
+        from confluent_kafka import TopicPartition
+
+        self._call("begin a transaction", self.producer.begin_transaction)
+        sent = 0
+        try:
+            for topic, key, value in self._messages(rows):
+                self._produce(topic, key, value)
+                sent += 1
+            offsets = [TopicPartition(self.marker_topic, 0, batch_id + 1)]
+            self._call(
+                "commit the batch id",
+                self.producer.send_offsets_to_transaction,
+                offsets,
+                self.consumer.consumer_group_metadata(),
+                TIMEOUT_S,
+            )
+            self._call("commit the transaction", self.producer.commit_transaction, TIMEOUT_S)
+        except BaseException:
+            try:
+                self.producer.abort_transaction(TIMEOUT_S)
+            except Exception as err:  # the original error matters more
+                log.warning("kafka: aborting the transaction failed too: %s", err)
+            raise
+        self._committed = batch_id
+        return sent
+
+    def _messages(
+        self, rows: Iterable[Mapping[str, Any]]
+    ) -> Iterator[tuple[str, bytes, bytes | None]]:
+        for row in rows:
+            table = TableId.parse(row["table"])
+            topic = topic_name(self.config.topic_prefix, table)
+            key, value = envelope(
+                row, self.schemas[table], self.stream, self.source_kind, self.config.image_mode
+            )
+            yield topic, key, value
+            if row["op"] == "d":
+                yield topic, key, None
+
+    def _produce(self, topic: str, key: bytes, value: bytes | None) -> None:
+        while True:
+            try:
+                self.producer.produce(topic, value=value, key=key)
+                return
+            except BufferError:  # local queue full: let the network catch up
+                self.producer.poll(0.1)
+
+    def _ensure_topics(self) -> None:
+        partitions = {
+            topic_name(self.config.topic_prefix, t): self.config.partitions for t in self.schemas
+        }
+        ensure_topics(self.config.bootstrap_servers, {self.marker_topic: 1, **partitions})
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from confluent_kafka import KafkaException
+
+        try:
+            return fn(*args, **kwargs)
+        except KafkaException as err:
+            raise KafkaSinkError(
+                f"Kafka at {self.config.bootstrap_servers} could not {what}: {err.args[0]}",
+                "check that the brokers are up and the stream's user may write transactions",
+            ) from None
+
+    def close(self) -> None:
+        self.producer.flush(TIMEOUT_S)
+        self.consumer.close()

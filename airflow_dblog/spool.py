@@ -1,0 +1,156 @@
+"""The durable changelog between the capture thread and Spark: numbered JSON-lines segments.
+
+The capture thread writes each merged batch as one segment ``<seq>.jsonl`` under
+``<checkpoint>/spool``: one line per change event, then a footer line with the reader offset
+after the batch and the chunks the batch closed. A segment appears atomically (written to a
+temporary name, fsynced, renamed), so Spark's source sees whole segments only and a batch it
+planned before a crash reads back byte for byte the same after a restart. Spark's offsets are
+segment numbers; segments are deleted once Spark has committed the batch that read them.
+
+Values are written as plain JSON a consumer can use without this package: decimals, UUIDs and
+times as text, bytes as base64, JSON columns as their text.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import json
+import os
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow_dblog.events import ChangeEvent, Row
+from airflow_dblog.merge import ClosedChunk
+
+_SUFFIX = ".jsonl"
+_WIDTH = 12
+
+
+def plain_value(value: Any) -> Any:
+    """A column value as plain JSON (what Delta and Kafka consumers receive)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (decimal.Decimal, uuid.UUID)):
+        return str(value)
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, default=plain_value, separators=(",", ":"))
+    return str(value)
+
+
+def plain_row(row: Row | None) -> dict[str, Any] | None:
+    return None if row is None else {k: plain_value(v) for k, v in row.items()}
+
+
+def event_record(event: ChangeEvent) -> dict[str, Any]:
+    """One event as the spool (and the Spark frame built from it) carries it."""
+    source: dict[str, Any] = {}
+    if event.gtid is not None:
+        source["gtid"] = event.gtid
+    if event.xid is not None:
+        source["xid"] = event.xid
+    source.update({k: v for k, v in event.extra.items() if k != "unavailable_columns"})
+    return {
+        "table": str(event.table),
+        "op": event.op,
+        "key": json.dumps([plain_value(v) for v in event.key], separators=(",", ":")),
+        "position": str(event.position),
+        "before": plain_row(event.before),
+        "after": plain_row(event.after),
+        "ts_ms": event.ts_ms,
+        "dump_id": event.dump_id,
+        "chunk_id": event.chunk_id,
+        "unavailable": event.extra.get("unavailable_columns") or [],
+        "source": source,
+    }
+
+
+def closed_record(chunk: ClosedChunk) -> dict[str, Any]:
+    return {
+        "chunk_id": chunk.chunk_id,
+        "selected": chunk.selected,
+        "dropped": chunk.dropped,
+        "emitted": chunk.emitted,
+    }
+
+
+class Spool:
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def path(self, seq: int) -> Path:
+        return self.dir / f"{seq:0{_WIDTH}d}{_SUFFIX}"
+
+    def segments(self) -> list[int]:
+        """Sequence numbers of the complete segments, ascending."""
+        return sorted(
+            int(p.name[: -len(_SUFFIX)])
+            for p in self.dir.glob(f"*{_SUFFIX}")
+            if p.name[: -len(_SUFFIX)].isdigit()
+        )
+
+    def end(self) -> int:
+        """One past the last segment: the next segment's number."""
+        seqs = self.segments()
+        return seqs[-1] + 1 if seqs else 0
+
+    def append(self, events: Sequence[ChangeEvent], footer: dict[str, Any]) -> int:
+        seq = self.end()
+        tmp = self.dir / f".{seq}.tmp"
+        with open(tmp, "w", encoding="utf-8") as out:
+            for event in events:
+                out.write(json.dumps(event_record(event), separators=(",", ":")))
+                out.write("\n")
+            tables = sorted({str(e.table) for e in events})
+            summary = {"seq": seq, "events": len(events), "tables": tables}
+            out.write(json.dumps({"footer": {**footer, **summary}}))
+            out.write("\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, self.path(seq))
+        _fsync_dir(self.dir)
+        return seq
+
+    def lines(self, seq: int) -> Iterator[str]:
+        """The segment's raw lines: events, then the footer last."""
+        with open(self.path(seq), encoding="utf-8") as src:
+            for line in src:
+                yield line.rstrip("\n")
+
+    def footer(self, seq: int) -> dict[str, Any]:
+        last = ""
+        for last in self.lines(seq):  # noqa: B007 - only the last line is the footer
+            pass
+        return dict(json.loads(last)["footer"])
+
+    def drop_before(self, seq: int) -> int:
+        """Delete segments numbered below ``seq`` (Spark committed the batches that read them)."""
+        dropped = 0
+        for old in self.segments():
+            if old >= seq:
+                break
+            self.path(old).unlink(missing_ok=True)
+            dropped += 1
+        return dropped
+
+
+def is_footer(line: str) -> bool:
+    return line.startswith('{"footer"')
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

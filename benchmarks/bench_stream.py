@@ -1,0 +1,270 @@
+"""The streaming job end to end on MariaDB: dump throughput, change throughput, latency, memory.
+
+One run, one JSON object, every figure next to a baseline measured in the same run:
+
+- dump rows/s through ``dblog stream`` into Delta and Kafka vs a plain keyset ``SELECT`` of the
+  same table with the same client library (pymysql) and page size;
+- change events/s through the job (binlog -> Delta + Kafka committed) vs pymysqlreplication
+  decoding the same binlog range;
+- commit-to-sink latency p50/p99 (a probe row's commit to its read_committed Kafka message,
+  which the job commits after Delta), with no dump running and during a dump;
+- peak RSS of the job (Python driver + JVM) while dumping a table of ROWS and of 2 x ROWS rows.
+
+    python benchmarks/bench_stream.py [--rows 1000000] [--updates 100000] [--chunk-size 10000]
+
+Needs the local services (scripts/services.sh up). Leaves nothing behind but its JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pymysql
+from bench_binlog_reader import bench_raw, write_rows
+from pymysqlreplication.row_event import UpdateRowsEvent
+
+from airflow_dblog.cli import main as dblog
+from airflow_dblog.config import load_config
+from airflow_dblog.metadata import MetadataStore
+from airflow_dblog.position import Position, binlog_file_index
+from airflow_dblog.sources.mysql import MysqlSource, parse_mysql_url
+
+PORT = os.environ.get("DBLOG_MYSQL_PORT", "3306")
+KAFKA = f"127.0.0.1:{os.environ.get('DBLOG_KAFKA_PORT', '9092')}"
+
+
+def rss_of_tree(pid: int) -> int:
+    """Resident bytes of ``pid`` and all its descendants (the driver and its JVM)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS"))
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo.extend(int(c) for c in f.read().split())
+        except (OSError, StopIteration):
+            continue
+    return total
+
+
+class Sampler(threading.Thread):
+    """Peak RSS of the job per phase, sampled every 0.25 s."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.phase, self.peaks, self.stop = pid, "start", {}, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.25):
+            rss = rss_of_tree(self.pid)
+            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), rss)
+
+
+class LatencyProbe(threading.Thread):
+    """Inserts a timestamped row every 0.2 s and times its arrival on the Kafka topic."""
+
+    def __init__(self, url: str, db: str, topic: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.db, self.topic = url, db, topic
+        self.phase, self.samples, self.stop = "warmup", {}, threading.Event()
+
+    def run(self) -> None:
+        from confluent_kafka import Consumer
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": KAFKA,
+                "group.id": f"bench-{uuid.uuid4().hex}",
+                "auto.offset.reset": "latest",
+                "isolation.level": "read_committed",
+            }
+        )
+        consumer.subscribe([self.topic])
+        conn = pymysql.connect(**parse_mysql_url(self.url).pymysql_kwargs(), autocommit=True)
+        sent: dict[int, tuple[float, str]] = {}
+        next_at, seq = time.monotonic(), 0
+        while not self.stop.is_set():
+            if time.monotonic() >= next_at:
+                seq += 1
+                with conn.cursor() as cur:
+                    cur.execute(f"INSERT INTO `{self.db}`.probe VALUES (%s)", (seq,))
+                sent[seq] = (time.monotonic(), self.phase)
+                next_at += 0.2
+            msg = consumer.poll(0.02)
+            if msg is None or msg.error() or msg.value() is None:
+                continue
+            value = json.loads(msg.value())
+            key = (value.get("after") or {}).get("id")
+            if key in sent:
+                t0, phase = sent.pop(key)
+                self.samples.setdefault(phase, []).append(time.monotonic() - t0)
+        conn.close()
+        consumer.close()
+
+    def summary(self) -> dict[str, Any]:
+        out = {}
+        for phase, values in self.samples.items():
+            if phase == "warmup":
+                continue
+            values = sorted(values)
+            out[phase] = {
+                "n": len(values),
+                "p50_ms": round(statistics.median(values) * 1000),
+                "p99_ms": round(values[min(len(values) - 1, int(len(values) * 0.99))] * 1000),
+            }
+        return out
+
+
+def plain_select_rows_per_s(url: str, db: str, table: str, page: int) -> float:
+    conn = pymysql.connect(**parse_mysql_url(url).pymysql_kwargs())
+    started, last, rows = time.perf_counter(), -1, 0
+    with conn.cursor() as cur:
+        while True:
+            cur.execute(
+                f"SELECT * FROM `{db}`.`{table}` WHERE id > %s ORDER BY id LIMIT %s", (last, page)
+            )
+            batch = cur.fetchall()
+            if not batch:
+                break
+            rows += len(batch)
+            last = batch[-1][0]
+    conn.close()
+    return rows / (time.perf_counter() - started)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--updates", type=int, default=100_000)
+    parser.add_argument("--chunk-size", type=int, default=10_000)
+    parser.add_argument("--keep-log", metavar="PATH", help="copy the job's log here at the end")
+    args = parser.parse_args(argv)
+    url = f"mysql://dblog:dblog@127.0.0.1:{PORT}"
+    db = f"bench_{uuid.uuid4().hex[:8]}"
+    conn = pymysql.connect(**parse_mysql_url(url).pymysql_kwargs(), autocommit=True)
+    source = MysqlSource(url)
+    work = Path(tempfile.mkdtemp(prefix="dblog-bench-"))
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE `{db}`")
+        cur.execute(f"CREATE TABLE `{db}`.probe (id INT PRIMARY KEY)")
+    write_rows(conn, db, args.rows, 5000)  # table `bench`
+    with conn.cursor() as cur:  # the 2x table: the same rows twice over
+        cur.execute(f"CREATE TABLE `{db}`.big LIKE `{db}`.bench")
+        cur.execute(f"INSERT INTO `{db}`.big SELECT * FROM `{db}`.bench")
+        cur.execute(
+            f"INSERT INTO `{db}`.big SELECT id + {args.rows}, name, amount, created, qty, note"
+            f" FROM `{db}`.bench"
+        )
+    select_rps = plain_select_rows_per_s(url, db, "bench", args.chunk_size)
+
+    config_path = work / "bench.yaml"
+    config_path.write_text(
+        f"""name: {db.replace("_", "-")}
+source: {{type: mysql, url: "{url}/{db}", tables: [{db}.bench, {db}.big, {db}.probe]}}
+metadata: {{url: "sqlite:///{work}/meta.db"}}
+dump: {{chunk_size: {args.chunk_size}, parallelism: 1}}
+sinks:
+  delta: {{path: {work}/delta}}
+  kafka: {{bootstrap_servers: "{KAFKA}", topic_prefix: {db}}}
+checkpoint: {work}/checkpoint
+spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
+"""
+    )
+    config = load_config(config_path)
+    store = MetadataStore(config.metadata_url)
+    with open(work / "stream.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "airflow_dblog.cli", "stream", "-c", str(config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    sampler = Sampler(proc.pid)
+    probe = LatencyProbe(url, db, f"{db}.{db}.probe")
+    result: dict[str, Any] = {"benchmark": "stream_mariadb", "rows": args.rows}
+    try:
+        sampler.start()
+        while store.stream_state(config.name) is None:
+            assert proc.poll() is None, f"the stream exited; see {work / 'stream.log'}"
+            time.sleep(0.5)
+        probe.start()
+        time.sleep(30)  # Spark's first batches compile and create the tables: not measured
+        probe.phase = sampler.phase = "idle"
+        time.sleep(30)
+
+        probe.phase = sampler.phase = "changes"
+        file, pos = source.master_status()
+        started = time.perf_counter()
+        with conn.cursor() as cur:
+            for first in range(0, args.updates, 10_000):
+                cur.execute(
+                    f"UPDATE `{db}`.bench SET qty = qty + 1 WHERE id >= %s AND id < %s",
+                    (first, min(first + 10_000, args.updates)),
+                )
+        end_file, end_pos = source.master_status()
+        target = str(Position.mysql(binlog_file_index(end_file), end_pos - 1))
+        while (state := store.stream_state(config.name)) is None or (state.position or "") < target:
+            assert proc.poll() is None, f"the stream exited; see {work / 'stream.log'}"
+            time.sleep(0.2)
+        job_eps = args.updates / (time.perf_counter() - started)
+        raw_eps = args.updates / bench_raw(url, db, file, pos, args.updates, UpdateRowsEvent)
+
+        for table, phase in (("bench", "dump"), ("big", "dump_2x")):
+            probe.phase = sampler.phase = phase
+            started = time.perf_counter()
+            assert dblog(["dump", "-c", str(config_path), "--table", f"{db}.{table}"]) == 0
+            dump_id = max(d.id for d in store.dumps(config.name))
+            while store.progress(dump_id).state != "done":
+                assert proc.poll() is None, f"the stream exited; see {work / 'stream.log'}"
+                time.sleep(0.5)
+            result[f"{phase}_rows_per_s"] = round(
+                store.progress(dump_id).rows_emitted / (time.perf_counter() - started)
+            )
+        probe.stop.set()
+        probe.join(10)
+        result.update(
+            {
+                "plain_select_rows_per_s": round(select_rps),
+                "dump_vs_select_ratio": round(result["dump_rows_per_s"] / select_rps, 3),
+                "job_change_events_per_s": round(job_eps),
+                "raw_reader_events_per_s": round(raw_eps),
+                "job_vs_raw_reader_ratio": round(job_eps / raw_eps, 3),
+                "latency": probe.summary(),
+                "peak_rss_mb": {k: round(v / 2**20) for k, v in sampler.peaks.items()},
+            }
+        )
+    finally:
+        sampler.stop.set()
+        probe.stop.set()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
+        conn.close()
+        source.close()
+        if args.keep_log:
+            shutil.copy(work / "stream.log", args.keep_log)
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    main()

@@ -1,0 +1,169 @@
+"""The Kafka sink on a real broker: envelope, tombstones, transactions, replayed batches."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+from services import read_committed
+
+from airflow_dblog.config import KafkaSinkConfig
+from airflow_dblog.events import ChangeEvent, TableId
+from airflow_dblog.position import Position
+from airflow_dblog.sinks.kafka_sink import KafkaSink, envelope, topic_name
+from airflow_dblog.sources.base import Column, TableSchema
+from airflow_dblog.spool import event_record
+from airflow_dblog.stream_job import EVENT_DDL
+
+TABLE = TableId("shop", "items")
+SCHEMA = TableSchema(
+    TABLE,
+    (Column("a", "int", False), Column("b", "varchar(5)", False), Column("qty", "int", True)),
+    ("a", "b"),
+)
+
+
+def _row(op: str, a: int, qty: int, offset: int) -> dict[str, Any]:
+    """An event as a row of the stream's event frame (row images and source as JSON text)."""
+    image = {"a": a, "b": "x", "qty": qty}
+    event = ChangeEvent(
+        TABLE,
+        op,  # type: ignore[arg-type]
+        (a, "x"),
+        Position.mysql(1, offset),
+        before=image if op in ("u", "d") else None,
+        after=None if op == "d" else image,
+        ts_ms=1000 + offset,
+        dump_id=1 if op == "r" else None,
+        chunk_id=2 if op == "r" else None,
+        gtid="0-1-5",
+    )
+    record = event_record(event)
+    for field in ("before", "after", "source"):
+        record[field] = None if record[field] is None else json.dumps(record[field])
+    return record
+
+
+@pytest.fixture
+def sink_factory(kafka_server: Any) -> Iterator[Any]:
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    sinks: list[KafkaSink] = []
+
+    def make(image_mode: str = "NEW_AND_OLD_IMAGES", stream: str | None = None) -> KafkaSink:
+        config = KafkaSinkConfig(kafka_server.bootstrap_servers, prefix, image_mode)
+        sinks.append(KafkaSink(config, stream or prefix, "mysql", {TABLE: SCHEMA}))
+        return sinks[-1]
+
+    yield make
+    for sink in sinks:
+        sink.close()
+
+
+def test_batch_becomes_envelopes_with_a_tombstone_after_each_delete(
+    kafka_server: Any, sink_factory: Any
+) -> None:
+    sink = sink_factory()
+    rows = [_row("r", 1, 5, 10), _row("u", 1, 6, 11), _row("c", 2, 1, 12), _row("d", 2, 1, 13)]
+    assert sink.write_rows(0, rows) == 5
+    messages = read_committed(
+        kafka_server.bootstrap_servers, topic_name(sink.config.topic_prefix, TABLE)
+    )
+    assert [k for k, _ in messages] == [{"a": 1, "b": "x"}] * 2 + [{"a": 2, "b": "x"}] * 3
+    ops = [v and v["op"] for _, v in messages]
+    assert ops == ["r", "u", "c", "d", None]
+    dumped, updated = messages[0][1], messages[1][1]
+    assert dumped["source"]["snapshot"] == "incremental" and dumped["source"]["chunk_id"] == 2
+    assert updated["before"] == {"a": 1, "b": "x", "qty": 6} and updated["after"]["qty"] == 6
+    assert updated["source"]["position"] == str(Position.mysql(1, 11))
+    assert updated["source"]["gtid"] == "0-1-5" and updated["source"]["connector"] == "mysql"
+
+
+def _frame(spark: Any, rows: list[dict[str, Any]]) -> Any:
+    columns = [c.split()[0] for c in EVENT_DDL.split(",")]
+    return spark.createDataFrame([tuple(r[c] for c in columns) for r in rows], EVENT_DDL)
+
+
+def test_replayed_batch_is_skipped_even_by_a_restarted_sink(
+    kafka_server: Any, sink_factory: Any, spark: Any
+) -> None:
+    first = sink_factory(stream="replay")
+    first.write_rows(0, [_row("c", 1, 5, 10)])
+    first.write_rows(1, [_row("u", 1, 6, 11)])
+    first.close()
+    again = sink_factory(stream="replay")  # a new process: same transactional id, fences the old
+    assert again.committed_batch() == 1
+    topic = topic_name(again.config.topic_prefix, TABLE)
+    again.write_frame(1, _frame(spark, [_row("u", 1, 99, 50)]))
+    again.write_frame(2, _frame(spark, [_row("u", 1, 7, 12), _row("u", 1, 8, 13)]))
+    values = [v["after"]["qty"] for _, v in read_committed(kafka_server.bootstrap_servers, topic)]
+    assert values == [5, 6, 7, 8]
+
+
+def test_a_failed_batch_leaves_nothing_visible(kafka_server: Any, sink_factory: Any) -> None:
+    sink = sink_factory()
+
+    def broken() -> Iterator[Mapping[str, Any]]:
+        yield _row("c", 1, 5, 10)
+        yield _row("c", 2, 5, 11)
+        raise OSError("the spool disappeared")  # failure injection mid-batch
+
+    with pytest.raises(OSError):
+        sink.write_rows(0, broken())
+    assert sink.committed_batch() == -1
+    sink.write_rows(0, [_row("c", 3, 5, 12)])
+    messages = read_committed(
+        kafka_server.bootstrap_servers, topic_name(sink.config.topic_prefix, TABLE)
+    )
+    assert [k["a"] for k, _ in messages] == [3]
+
+
+@pytest.mark.parametrize(
+    ("mode", "before", "after"),
+    [
+        ("NEW_AND_OLD_IMAGES", {"a": 1, "b": "x", "qty": 6}, {"a": 1, "b": "x", "qty": 6}),
+        ("NEW_IMAGE", None, {"a": 1, "b": "x", "qty": 6}),
+        ("OLD_IMAGE", {"a": 1, "b": "x", "qty": 6}, None),
+        ("KEYS_ONLY", {"a": 1, "b": "x"}, {"a": 1, "b": "x"}),
+    ],
+)
+def test_image_modes(mode: str, before: Any, after: Any) -> None:
+    key, value = envelope(_row("u", 1, 6, 11), SCHEMA, "s", "mysql", mode)
+    assert json.loads(key) == {"a": 1, "b": "x"}
+    assert value is not None
+    decoded = json.loads(value)
+    assert (decoded["before"], decoded["after"]) == (before, after)
+
+
+def test_spark_reads_the_topic_with_a_schema(
+    kafka_server: Any, sink_factory: Any, spark: Any
+) -> None:
+    """Consumers need nothing of ours: Spark's Kafka source plus a schema for the envelope."""
+    sink = sink_factory()
+    sink.write_rows(0, [_row("c", 1, 5, 10), _row("u", 1, 6, 11), _row("d", 1, 6, 12)])
+    topic = topic_name(sink.config.topic_prefix, TABLE)
+    image = "a BIGINT, b STRING, qty BIGINT"
+    envelope_ddl = (
+        f"before STRUCT<{image}>, after STRUCT<{image}>, op STRING, ts_ms BIGINT,"
+        " source STRUCT<db: STRING, `table`: STRING, position: STRING, snapshot: STRING>"
+    )
+    rows = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", kafka_server.bootstrap_servers)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("kafka.isolation.level", "read_committed")
+        .load()
+        .where("value IS NOT NULL")
+        .selectExpr(f"from_json(CAST(value AS STRING), '{envelope_ddl}') AS e", "offset")
+        .orderBy("offset")
+        .select("e.op", "e.after.qty", "e.before.qty", "e.source.position", "e.source.table")
+        .collect()
+    )
+    assert [tuple(r) for r in rows] == [
+        ("c", 5, None, str(Position.mysql(1, 10)), "items"),
+        ("u", 6, 6, str(Position.mysql(1, 11)), "items"),
+        ("d", None, 6, str(Position.mysql(1, 12)), "items"),
+    ]

@@ -1,0 +1,65 @@
+"""The spool's segment files: atomic appends, footers, plain JSON values, garbage collection."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import uuid
+from pathlib import Path
+
+from airflow_dblog.events import ChangeEvent, TableId
+from airflow_dblog.position import Position
+from airflow_dblog.spool import Spool, is_footer, plain_value
+
+TABLE = TableId("db", "t")
+
+
+def _event(offset: int) -> ChangeEvent:
+    return ChangeEvent(TABLE, "c", (offset,), Position.mysql(1, offset), after={"id": offset})
+
+
+def test_segments_are_numbered_whole_files_with_the_footer_last(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    assert spool.end() == 0
+    assert spool.append([_event(1), _event(2)], {"reader": {"pos": 2}, "closed": []}) == 0
+    assert spool.append([], {"reader": {"pos": 3}, "closed": [{"chunk_id": 7}]}) == 1
+    assert spool.segments() == [0, 1] and spool.end() == 2
+    lines = list(spool.lines(0))
+    assert [is_footer(line) for line in lines] == [False, False, True]
+    assert json.loads(lines[0])["position"] == str(Position.mysql(1, 1))
+    assert spool.footer(0) == {
+        "reader": {"pos": 2},
+        "closed": [],
+        "seq": 0,
+        "events": 2,
+        "tables": ["db.t"],
+    }
+    assert spool.footer(1)["closed"] == [{"chunk_id": 7}]
+    assert not list(tmp_path.glob(".*.tmp"))  # nothing half-written is left behind
+
+
+def test_a_half_written_segment_is_invisible(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    spool.append([_event(1)], {"closed": []})
+    (tmp_path / ".1.tmp").write_text('{"table": "db.t"')  # a crash in the middle of append
+    assert spool.segments() == [0]
+    assert spool.append([_event(2)], {"closed": []}) == 1
+
+
+def test_drop_before_deletes_only_older_segments(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    for i in range(4):
+        spool.append([_event(i)], {"closed": []})
+    assert spool.drop_before(2) == 2
+    assert spool.segments() == [2, 3] and spool.end() == 4
+
+
+def test_plain_values_are_what_consumers_can_read() -> None:
+    assert plain_value(decimal.Decimal("1.10")) == "1.10"
+    assert plain_value(dt.datetime(2024, 1, 2, 3, 4, 5)) == "2024-01-02T03:04:05"
+    assert plain_value(dt.date(2024, 1, 2)) == "2024-01-02"
+    assert plain_value(b"\x00\xff") == "AP8="
+    assert plain_value(uuid.UUID(int=1)) == "00000000-0000-0000-0000-000000000001"
+    assert plain_value({"a": [1, decimal.Decimal("2")]}) == '{"a":[1,"2"]}'
+    assert plain_value(dt.timedelta(minutes=1)) == 60.0
