@@ -12,6 +12,7 @@
 #    failure), or ruff's if only ruff failed.
 #
 # Services are left running afterwards (fast re-runs); DBLOG_STOP_SERVICES=1 stops them.
+# DBLOG_SETUP_ONLY=1 stops after step 3 (scripts/demo.sh uses it).
 # Runs unattended (CI=true, no stdin).
 set -euo pipefail
 
@@ -75,6 +76,10 @@ scripts/services.sh up
 eval "$(scripts/services.sh env)"
 
 # --- 4. lint and tests -----------------------------------------------------------------------
+if [ "${DBLOG_SETUP_ONLY:-0}" = 1 ]; then
+    say "DBLOG_SETUP_ONLY=1: set up, not testing"
+    exit 0
+fi
 say "ruff check ."
 ruff_rc=0
 ruff check . || ruff_rc=$?
