@@ -1,22 +1,20 @@
-"""dag.test() of the backfill DAG against real MariaDB with the capture loop as the stream."""
+"""dag.test() of the example DAGs against real MariaDB with `dblog stream` writing Delta."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from stream_process import Stream
 
-from airflow_dblog.capture import Capture
-from airflow_dblog.config import load_config
-from airflow_dblog.events import TableId
+from airflow_dblog.config import Config, load_config
 from airflow_dblog.metadata import MetadataStore
-from airflow_dblog.sinks.memory_sink import MemorySink
-from airflow_dblog.sources import open_reader, open_source
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -34,13 +32,11 @@ def airflow_db() -> None:
     )
 
 
-def test_backfill_dag_dumps_the_requested_keys(
-    airflow_db: None,
-    mysql_db: Any,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+@pytest.fixture
+def running_stream(
+    mysql_db: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Config]:
+    """A table of 100 orders, a config the DAGs find via DBLOG_CONFIG, and the stream running."""
     conn = mysql_db.connect()
     with conn.cursor() as cur:
         cur.execute(
@@ -53,42 +49,69 @@ def test_backfill_dag_dumps_the_requested_keys(
     file = tmp_path / "dblog.yaml"
     file.write_text(
         f"""
-name: backfill-test
+name: dag-test
 source: {{type: mysql, url: "{mysql_db.url}", tables: [{mysql_db.name}.orders]}}
 metadata: {{url: "sqlite:///{tmp_path}/meta.db"}}
+dump: {{chunk_size: 40}}
 sinks: {{delta: {{path: {tmp_path}/delta}}}}
 checkpoint: {tmp_path}/cp
+spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
 """
     )
     monkeypatch.setenv("DBLOG_CONFIG", str(file))
     config = load_config(file)
+    stream = Stream(file)
+    stream.start()
     store = MetadataStore(config.metadata_url)
-    sink = MemorySink()
-    capture = Capture(config, store, open_source(config), open_reader(config, None), [sink])
-    stop = threading.Event()
+    deadline = time.monotonic() + 180
+    while store.stream_state(config.name) is None:
+        stream.check_alive()
+        assert time.monotonic() < deadline, "the stream did not start"
+        time.sleep(0.5)
+    yield config
+    assert stream.stop() == 0
 
-    def stream() -> None:
-        while not stop.is_set():
-            capture.step(timeout_s=0.1)
 
-    thread = threading.Thread(target=stream, daemon=True)
-    thread.start()
-    try:
-        from airflow.dag_processing.dagbag import DagBag
+def _delta(spark: Any, config: Config, db: str) -> dict[tuple[Any, ...], dict[str, Any]]:
+    assert config.delta is not None
+    df = spark.read.format("delta").load(f"{config.delta.path}/{db}/orders")
+    return {(r["id"], r["region"]): {"total": r["total"]} for r in df.collect()}
 
-        dag = DagBag(dag_folder=str(DAGS)).dags["dblog_backfill"]
-        run = dag.test(
-            run_conf={
-                "table": f"{mysql_db.name}.orders",
-                "keys": '[3, "eu"]\n[7, "eu"]\n[42, "eu"]',
-            }
-        )
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-        capture.close()
+
+def _dag(dag_id: str) -> Any:
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(DAGS)).dags[dag_id]
+
+
+def test_backfill_dag_writes_the_requested_keys_to_delta(
+    airflow_db: None,
+    running_stream: Config,
+    mysql_db: Any,
+    spark: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run = _dag("dblog_backfill").test(
+        run_conf={"table": f"{mysql_db.name}.orders", "keys": '[3, "eu"]\n[7, "eu"]\n[42, "eu"]'}
+    )
     assert str(run.state) in ("success", "DagRunState.SUCCESS")
-    rows = sink.rows(TableId(mysql_db.name, "orders"))
-    assert rows == {(k, "eu"): {"id": k, "region": "eu", "total": k * 10} for k in (3, 7, 42)}
+    assert _delta(spark, running_stream, mysql_db.name) == {
+        (k, "eu"): {"total": k * 10} for k in (3, 7, 42)
+    }
+    assert "chunks 1/1 (100.0%), rows emitted 3" in capsys.readouterr().out
+
+
+def test_scheduled_dump_dag_writes_every_row_to_delta(
+    airflow_db: None,
+    running_stream: Config,
+    mysql_db: Any,
+    spark: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run = _dag("dblog_scheduled_dump").test()
+    assert str(run.state) in ("success", "DagRunState.SUCCESS")
+    rows = _delta(spark, running_stream, mysql_db.name)
+    assert rows == {(k, "eu"): {"total": k * 10} for k in range(100)}
     out = capsys.readouterr().out
-    assert "chunks 1/1 (100.0%), rows emitted 3" in out
+    assert "(100.0%), rows emitted 100," in out
+    assert "[done]" in out
