@@ -306,6 +306,8 @@ class MetadataStore:
     def claim_pending_chunk(self, dump_id: int, worker: str) -> Chunk | None:
         """Take a chunk that already has bounds or keys (key lists, requeued chunks)."""
         with self.session() as s:
+            if self._lock_active_dump(s, dump_id) is None:
+                return None
             chunk = s.scalars(
                 select(Chunk)
                 .where(Chunk.dump_id == dump_id, Chunk.state == "pending")
@@ -331,6 +333,9 @@ class MetadataStore:
         The compare-and-set on the cursor lets several workers cut chunks without a lock.
         """
         with self.session() as s:
+            dump_id = s.scalar(select(DumpTable.dump_id).where(DumpTable.id == dump_table_id))
+            if dump_id is None or self._lock_active_dump(s, dump_id) is None:
+                return None
             table = s.get(DumpTable, dump_table_id, with_for_update=True)
             if table is None or table.exhausted or table.cursor != expected_cursor:
                 return None
@@ -369,11 +374,17 @@ class MetadataStore:
             chunk.upper_key = at_key
             s.add(rest)
 
+    @staticmethod
+    def _lock_active_dump(s: Session, dump_id: int) -> Dump | None:
+        """Lock the dump row first, as cancel does, so no chunk starts after a cancel or pause."""
+        dump = s.get(Dump, dump_id, with_for_update=True)
+        return dump if dump is not None and dump.state in ("pending", "running") else None
+
     def _start(self, s: Session, chunk: Chunk, worker: str) -> None:
         now = utcnow()
         chunk.state, chunk.claimed_by, chunk.started_at = "running", worker, now
         chunk.attempts += 1
-        dump = s.get(Dump, chunk.dump_id, with_for_update=True)
+        dump = s.get(Dump, chunk.dump_id)
         assert dump is not None
         if dump.state == "pending":
             dump.state, dump.started_at = "running", now
@@ -391,6 +402,8 @@ class MetadataStore:
     def mark_selected(self, chunk_id: int, rows_selected: int) -> None:
         with self.session() as s:
             chunk = _get_chunk(s, chunk_id)
+            if chunk.state != "running":  # cancelled while its SELECT ran
+                return
             chunk.state, chunk.rows_selected, chunk.selected_at = (
                 "selected",
                 rows_selected,

@@ -90,6 +90,22 @@ def test_pause_resume_cancel_state_machine(store: MetadataStore) -> None:
         store.apply(999, "cancel")
 
 
+def test_no_chunk_starts_or_moves_on_after_a_cancel(store: MetadataStore) -> None:
+    """The race the live stream hits: a chunk whose SELECT runs while the dump is cancelled."""
+    dump_id = store.create_dump("s", "tables", [TablePlan("app.t", ["id"], [100], 100)])
+    table = store.dump_tables(dump_id)[0]
+    inflight = store.cut_range_chunk(table.id, None, [10], "w1")
+    assert inflight is not None
+    store.apply(dump_id, "pause")
+    assert store.cut_range_chunk(table.id, [10], [20], "w1") is None
+    store.apply(dump_id, "cancel")
+    store.mark_selected(inflight.id, 10)
+    store.complete_chunk(inflight.id, 10, 0, 10)
+    assert store.cut_range_chunk(table.id, [10], [20], "w1") is None
+    assert store.claim_pending_chunk(dump_id, "w1") is None
+    assert [c.state for c in store.chunks(dump_id)] == ["cancelled"]
+
+
 def test_empty_table_dump_finishes_without_chunks(store: MetadataStore) -> None:
     dump_id = store.create_dump("s", "tables", [TablePlan("app.empty", ["id"], None, 0)])
     store.finish_empty_dumps("s")
