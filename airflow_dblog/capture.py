@@ -234,6 +234,7 @@ class SpooledCapture(Capture):
         ):
             return
         self._spooled_at = now
+        self.store.check_fence()  # a deposed leader must not add to the new one's spool
         self.spool.append(
             self._pending,
             {

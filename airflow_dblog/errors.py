@@ -25,3 +25,7 @@ class InputError(DblogError):
 
 class MetadataError(DblogError):
     """The metadata store refused an operation (unknown dump, illegal state change)."""
+
+
+class FencedError(DblogError):
+    """This process lost the leader lease: another stream process leads and it must not write."""

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from airflow_dblog.errors import DblogError
 from airflow_dblog.events import ChangeEvent, Row
 from airflow_dblog.merge import ClosedChunk
 
@@ -106,7 +107,7 @@ class Spool:
 
     def append(self, events: Sequence[ChangeEvent], footer: dict[str, Any]) -> int:
         seq = self.end()
-        tmp = self.dir / f".{seq}.tmp"
+        tmp = self.dir / f".{seq}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as out:
             for event in events:
                 out.write(json.dumps(event_record(event), separators=(",", ":")))
@@ -117,7 +118,15 @@ class Spool:
             out.write("\n")
             out.flush()
             os.fsync(out.fileno())
-        os.replace(tmp, self.path(seq))
+        try:  # link, not replace: a segment is never overwritten, even by a second writer
+            os.link(tmp, self.path(seq))
+        except FileExistsError:
+            raise DblogError(
+                f"spool segment {seq} in {self.dir} was written by another process",
+                "run one stream process per checkpoint directory (standbys need ha.zookeeper)",
+            ) from None
+        finally:
+            tmp.unlink()
         _fsync_dir(self.dir)
         return seq
 

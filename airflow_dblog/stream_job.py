@@ -28,6 +28,7 @@ from airflow_dblog.capture import SpooledCapture
 from airflow_dblog.config import Config
 from airflow_dblog.errors import DblogError
 from airflow_dblog.events import TableId
+from airflow_dblog.leader import LeaderLease
 from airflow_dblog.metadata import MetadataStore
 from airflow_dblog.sources import open_reader, open_source
 from airflow_dblog.sources.base import TableSchema
@@ -87,6 +88,7 @@ class BatchCommitter:
         from pyspark.sql import functions as F
 
         started = time.monotonic()
+        self.capture.store.check_fence()
         lines = lines.persist()
         try:
             footers = [
@@ -147,16 +149,28 @@ class CaptureThread(threading.Thread):
 def run_stream(
     config: Config, master: Any = _DEFAULT_MASTER, stop: threading.Event | None = None
 ) -> int:
-    """Run until SIGTERM/SIGINT (or ``stop``); a failure of either half stops both."""
+    """Run until SIGTERM/SIGINT (or ``stop``); a failure of either half stops both.
+
+    With ``ha`` configured, first wait as a standby until this process holds the leader lease.
+    """
     from airflow_dblog.changelog_source import NAME, ChangelogSource
 
+    stop = stop or threading.Event()
+    _stop_on_signals(stop)
+    store = MetadataStore(config.metadata_url)
+    lease = LeaderLease(config.ha, config.name) if config.ha is not None else None
+    if lease is not None:
+        fence = lease.acquire(stop)
+        if fence is None:
+            lease.close()
+            return 0
+        store.take_lead(fence, lease.identity)
     spark = build_spark_session(
         f"dblog-{config.name}",
         master=config.spark.master if master is _DEFAULT_MASTER else master,
         extra_conf=config.spark.conf,
     )
     spark.dataSource.register(ChangelogSource)
-    store = MetadataStore(config.metadata_url)
     source = open_source(config)
     schemas = {table: source.describe(table) for table in config.source.tables}
     sinks = build_sinks(spark, config, schemas)
@@ -170,8 +184,6 @@ def run_stream(
 
         capture.signals = SignalChannel(config, store)
     thread = CaptureThread(capture)
-    stop = stop or threading.Event()
-    _stop_on_signals(stop)
     query = (
         spark.readStream.format(NAME)
         .option("path", str(spool.dir))
@@ -188,6 +200,8 @@ def run_stream(
     )
     try:
         while not stop.is_set():
+            if lease is not None:
+                lease.check()
             if thread.error is not None:
                 raise thread.error
             if not thread.is_alive():
@@ -202,6 +216,8 @@ def run_stream(
         for sink in sinks:
             sink.close()
         spark.stop()
+        if lease is not None:
+            lease.close()
     return 0
 
 

@@ -14,9 +14,9 @@ import pytest
 class Stream:
     """``dblog stream -c FILE`` in a child process, its output in a log file."""
 
-    def __init__(self, config_path: Path) -> None:
+    def __init__(self, config_path: Path, name: str = "") -> None:
         self.config_path = config_path
-        self.log = config_path.with_suffix(".log")
+        self.log = config_path.with_suffix(f".{name}.log" if name else ".log")
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -32,6 +32,11 @@ class Stream:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(30)
+
+    def freeze(self, frozen: bool) -> None:
+        """SIGSTOP / SIGCONT: a leader that stalls (GC pause, partition) and later wakes up."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
 
     def stop(self) -> int:
         assert self.proc is not None

@@ -8,6 +8,9 @@ import json
 import uuid
 from pathlib import Path
 
+import pytest
+
+from airflow_dblog.errors import DblogError
 from airflow_dblog.events import ChangeEvent, TableId
 from airflow_dblog.position import Position
 from airflow_dblog.spool import Spool, is_footer, plain_value
@@ -45,6 +48,20 @@ def test_a_half_written_segment_is_invisible(tmp_path: Path) -> None:
     (tmp_path / ".1.tmp").write_text('{"table": "db.t"')  # a crash in the middle of append
     assert spool.segments() == [0]
     assert spool.append([_event(2)], {"closed": []}) == 1
+
+
+def test_a_segment_is_never_overwritten_by_a_second_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spool = Spool(tmp_path)
+    spool.append([_event(1)], {"closed": []})
+    before = spool.path(0).read_bytes()
+    late = Spool(tmp_path)
+    monkeypatch.setattr(late, "end", lambda: 0)  # it numbered its segment before the first wrote
+    with pytest.raises(DblogError, match=r"segment 0 in .* was written by another process"):
+        late.append([_event(2)], {"closed": []})
+    assert spool.path(0).read_bytes() == before
+    assert not list(tmp_path.glob(".*.tmp"))
 
 
 def test_drop_before_deletes_only_older_segments(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ within seconds.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -31,6 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 # ~100 transactions/s from three writers: busy, and within what one local Spark on a
 # two-core machine merges into Delta while the dump runs
 WRITER_PAUSE_S = 0.05
+HA_SESSION_S = 4
 
 
 def _write_config(
@@ -40,6 +42,7 @@ def _write_config(
     delay_ms: int = 0,
     kafka: str | None = None,
     signal_topic: str | None = None,
+    zookeeper: str | None = None,
 ) -> Path:
     path = tmp_path / "stream.yaml"
     name = f"st-{uuid.uuid4().hex[:8]}"
@@ -62,6 +65,11 @@ spark:
   master: "local[2]"
   conf: {{spark.ui.enabled: false, spark.sql.shuffle.partitions: 2}}
 """
+        + (
+            f"ha: {{zookeeper: '{zookeeper}', session_timeout_s: {HA_SESSION_S}}}\n"
+            if zookeeper
+            else ""
+        )
     )
     return path
 
@@ -76,7 +84,12 @@ def _until(what: str, done: Callable[[], bool], timeout_s: float, stream: Stream
 
 def _live(stream: Stream, config: Config, store: MetadataStore) -> None:
     """Wait until the stream has committed a batch: from then on the log is captured."""
-    _until("the stream to start", lambda: store.stream_state(config.name) is not None, 180, stream)
+
+    def capturing() -> bool:  # a standby that just took the lease has a row but no log yet
+        state = store.stream_state(config.name)
+        return state is not None and state.heartbeat_at is not None
+
+    _until("the stream to start", capturing, 180, stream)
 
 
 def _table_path(config: Config, db: Db) -> str:
@@ -173,13 +186,21 @@ def test_stream_dump_into_delta_and_kafka_converges(
             assert dblog(["set", "-c", str(config_path), "--delay-ms", "0"]) == 0  # finish fast
         _until("the dump", lambda: store.progress(dump.id).state == "done", 600, stream)
         time.sleep(2)
+    _check_outputs(spark, kafka_server.bootstrap_servers, config, db, stream)
+    assert stream.stop() == 0
+    assert counts["insert"] and counts["update"] and counts["delete"]
+    assert store.progress(dump.id).rows_emitted > 0
+    attempts = [c.attempts for c in store.chunks(dump.id)]
+    assert max(attempts) <= (2 if kill else 1)
+
+
+def _check_outputs(spark: Any, servers: str, config: Config, db: Db, stream: Stream) -> None:
+    """Delta equals the source, its change feed never goes back per key, Kafka rebuilds it."""
     expected = source_rows(db)
     deadline = time.monotonic() + 180
     while (actual := _delta_rows(spark, config, db)) != expected and time.monotonic() < deadline:
         stream.check_alive()
         time.sleep(2)
-    assert stream.stop() == 0
-    assert counts["insert"] and counts["update"] and counts["delete"]
     missing = expected.keys() - actual.keys()
     extra = actual.keys() - expected.keys()
     differ = [k for k in expected.keys() & actual.keys() if expected[k] != actual[k]]
@@ -188,9 +209,6 @@ def test_stream_dump_into_delta_and_kafka_converges(
         sorted(extra)[:5],
         differ[:5],
     )
-
-    progress = store.progress(dump.id)
-    assert progress.rows_emitted > 0
     last: dict[tuple[Any, ...], str] = {}
     seen: set[tuple[Any, ...]] = set()
     for row in sorted(_change_feed(spark, config, db), key=lambda r: r["_commit_version"]):
@@ -199,9 +217,7 @@ def test_stream_dump_into_delta_and_kafka_converges(
         seen.add((key, position))
         assert key not in last or last[key] < position, f"{key} went back to {position}"
         last[key] = position
-    attempts = [c.attempts for c in store.chunks(dump.id)]
-    assert max(attempts) <= (2 if kill else 1)
-    _check_kafka(kafka_server.bootstrap_servers, config, db, expected)
+    _check_kafka(servers, config, db, expected)
 
 
 def test_live_controls_and_signals_reach_the_running_stream(
@@ -268,3 +284,82 @@ def test_live_controls_and_signals_reach_the_running_stream(
     )
     assert "signal " in stream.log.read_text() and "skipped" in stream.log.read_text()
     assert stream.stop() == 0
+
+
+def test_standbys_take_over_a_dead_or_frozen_leader_and_the_old_one_writes_nothing(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    spark: Any,
+    kafka_server: Any,
+    zookeeper_server: Any,
+    zk_path: str,
+) -> None:
+    """kill -9 of the leader mid-dump, then SIGSTOP of the next one past its ZooKeeper session.
+
+    Each time a standby takes the lease; the frozen one, woken up, stops without committing.
+    """
+    db = db_for(request, "mysql")
+    load(db)
+    servers = kafka_server.bootstrap_servers
+    config_path = _write_config(
+        db,
+        tmp_path,
+        500,
+        delay_ms=600,
+        kafka=servers,
+        zookeeper=zookeeper_server.connect_string(zk_path),
+    )
+    config = load_config(config_path)
+    store = MetadataStore(config.metadata_url)
+    a, b, c = (Stream(config_path, name) for name in "abc")
+
+    def leader() -> str | None:
+        state = store.stream_state(config.name)
+        return state.leader if state else None
+
+    def takeover(new: Stream) -> float:
+        since = time.monotonic()
+        _until(
+            "a standby to lead",
+            lambda: leader() is not None and leader().endswith(f":{new.proc.pid}"),
+            120,
+            new,
+        )
+        return time.monotonic() - since
+
+    try:
+        a.start()
+        _live(a, config, store)
+        b.start()
+        _until("b to wait", lambda: "standby" in b.log.read_text(), 120, b)
+        with writers(db, pause_s=WRITER_PAUSE_S):
+            assert dblog(["dump", "-c", str(config_path), "--all"]) == 0
+            (dump,) = store.dumps(config.name)
+            _until("a chunk", lambda: store.progress(dump.id).chunks_done >= 1, 300, a)
+            a.kill()
+            killed_s = takeover(b)
+            _until("a chunk under b", lambda: store.progress(dump.id).chunks_done >= 5, 300, b)
+            c.start()
+            _until("c to wait", lambda: "standby" in c.log.read_text(), 120, c)
+            b.freeze(True)
+            frozen_s = takeover(c)
+            woken_at = b.log.stat().st_size
+            b.freeze(False)
+            assert b.proc is not None
+            b.proc.wait(120)
+            assert b.proc.returncode != 0
+            after = b.log.read_text(errors="replace")[woken_at:]
+            assert "lost its ZooKeeper session" in after or "newer leader" in after, after[-2000:]
+            # its in-flight MERGE may be interrupted; it must never get to record a batch
+            assert not re.search(r"batch \d+: segments", after), "the deposed leader committed"
+            assert dblog(["set", "-c", str(config_path), "--delay-ms", "0"]) == 0
+            _until("the dump", lambda: store.progress(dump.id).state == "done", 600, c)
+            time.sleep(2)
+        print(f"takeover: after kill -9 {killed_s:.1f} s, after SIGSTOP {frozen_s:.1f} s")
+        _check_outputs(spark, servers, config, db, c)
+        assert c.stop() == 0
+    finally:
+        for s in (a, b, c):
+            if s.proc is not None and s.proc.poll() is None:
+                s.freeze(False)
+                s.stop()

@@ -8,7 +8,8 @@ state machine of a dump lives in one place.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterator, Sequence
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -23,7 +24,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from airflow_dblog.config import DumpSettings
-from airflow_dblog.errors import MetadataError
+from airflow_dblog.errors import FencedError, MetadataError
 from airflow_dblog.metadata.models import (
     FINAL_DUMP_STATES,
     Chunk,
@@ -120,11 +121,26 @@ def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat() + "Z"
 
 
+@dataclass(frozen=True)
+class Fence:
+    """The leader's lease token; ``alive`` raises once the lease itself is known to be lost."""
+
+    stream: str
+    token: int
+    alive: Callable[[], None] = lambda: None
+
+
 class MetadataStore:
-    """One metadata database. ``upgrade=True`` applies pending migrations on first use."""
+    """One metadata database. ``upgrade=True`` applies pending migrations on first use.
+
+    A store with a :class:`Fence` (the leading stream process's) checks the token at the start
+    of every transaction, under a share lock on the stream's row: a new leader's
+    :meth:`take_lead` waits for those transactions, and every later one of the old leader fails.
+    """
 
     def __init__(self, url: str, *, upgrade: bool = True) -> None:
         self.url = url
+        self.fence: Fence | None = None
         if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
             Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
         self.engine: Engine = create_engine(sqlalchemy_url(url), pool_pre_ping=True, future=True)
@@ -155,7 +171,63 @@ class MetadataStore:
     @contextmanager
     def session(self) -> Iterator[Session]:
         with self._sessions.begin() as session:
+            if self.fence is not None:
+                self._check_fence(session, self.fence)
             yield session
+
+    @staticmethod
+    def _check_fence(s: Session, fence: Fence) -> None:
+        fence.alive()
+        current = s.scalar(
+            select(StreamState.fencing_token)
+            .where(StreamState.stream == fence.stream)
+            .with_for_update(read=True)
+        )
+        if current != fence.token:
+            raise FencedError(
+                f"stream {fence.stream}: this process (lease token {fence.token}) was replaced"
+                f" by a newer leader (token {current}) and stops without writing",
+                "nothing to do: the new leader carries on",
+            )
+
+    def check_fence(self) -> None:
+        """Raise :class:`FencedError` unless this store's lease is still the current one."""
+        if self.fence is None:
+            return
+        with self.session():
+            pass
+
+    def take_lead(self, fence: Fence, leader: str, wait_s: float = 300) -> None:
+        """Record ``fence`` as the stream's current token; later writes of older tokens fail.
+
+        A deposed leader frozen inside a transaction holds the stream's row: wait for it.
+        """
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                with self._sessions.begin() as s:
+                    row = s.get(StreamState, fence.stream, with_for_update=True)
+                    if row is None:
+                        row = StreamState(stream=fence.stream, fencing_token=0)
+                        s.add(row)
+                    if row.fencing_token > fence.token:
+                        raise FencedError(
+                            f"stream {fence.stream}: lease token {fence.token} is older than"
+                            f" the recorded {row.fencing_token}",
+                            "check that every stream process of this name uses the same"
+                            " ha.zookeeper",
+                        )
+                    row.fencing_token, row.leader = fence.token, leader
+                break
+            except OperationalError as err:
+                if time.monotonic() > deadline:
+                    raise MetadataError(
+                        f"cannot record the leader of stream {fence.stream}: "
+                        f"{str(err.orig).splitlines()[0]}",
+                        "a deposed leader may still hold the row: stop it",
+                    ) from None
+                time.sleep(1)
+        self.fence = fence
 
     # -- dumps ------------------------------------------------------------------------------
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from airflow_dblog.config import DumpSettings
-from airflow_dblog.errors import MetadataError
+from airflow_dblog.errors import FencedError, MetadataError
 from airflow_dblog.metadata import MetadataStore
-from airflow_dblog.metadata.store import TablePlan
+from airflow_dblog.metadata.store import Fence, TablePlan
 
 
 @pytest.fixture(
@@ -104,6 +104,25 @@ def test_no_chunk_starts_or_moves_on_after_a_cancel(store: MetadataStore) -> Non
     assert store.cut_range_chunk(table.id, [10], [20], "w1") is None
     assert store.claim_pending_chunk(dump_id, "w1") is None
     assert [c.state for c in store.chunks(dump_id)] == ["cancelled"]
+
+
+def test_a_newer_lease_token_fences_every_write_of_the_old_leader(store: MetadataStore) -> None:
+    old = MetadataStore(store.url, upgrade=False)
+    old.take_lead(Fence("s", 7), "host-a")
+    dump_id = store.create_dump("s", "tables", [TablePlan("app.t", ["id"], [100], 100)])
+    table = store.dump_tables(dump_id)[0]
+    assert old.cut_range_chunk(table.id, None, [10], "a") is not None
+    store.take_lead(Fence("s", 9), "host-b")
+    with pytest.raises(FencedError, match=r"lease token 7.*newer leader .token 9"):
+        old.cut_range_chunk(table.id, [10], [20], "a")
+    with pytest.raises(FencedError):
+        old.save_stream_state("s", position="stale")
+    with pytest.raises(FencedError, match="older than the recorded 9"):
+        old.take_lead(Fence("s", 8), "host-a")
+    assert store.cut_range_chunk(table.id, [10], [20], "b") is not None
+    state = store.stream_state("s")
+    assert state is not None and (state.position, state.leader) == (None, "host-b")
+    old.engine.dispose()
 
 
 def test_empty_table_dump_finishes_without_chunks(store: MetadataStore) -> None:
