@@ -8,17 +8,23 @@ the output gives exactly the source table, and no key's positions ever go backwa
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 from workload import Db, db_for, load, source_rows, writers
 
 from airflow_dblog.capture import Capture
+from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import Config, parse_config
+from airflow_dblog.errors import DblogError
 from airflow_dblog.metadata import MetadataStore
 from airflow_dblog.planner import plan_dump
 from airflow_dblog.sinks.memory_sink import MemorySink
@@ -119,3 +125,126 @@ def test_dump_under_concurrent_writes_converges(
     attempts = [c.attempts for c in store.chunks(dump_id)]
     assert max(attempts) <= 1 + restart
     assert sum(a - 1 for a in attempts) <= (config.dump.parallelism if restart else 0)
+
+
+SECRET = f"Pw-{uuid.uuid4().hex[:12]}-never-logged"
+LEAST_PRIVILEGE = {
+    # read-only strategies: SELECT on the data, the replication grants, nothing else
+    ("mysql", "gtid"): [
+        "GRANT SELECT ON `{db}`.* TO {user}",
+        "GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO {user}",
+    ],
+    # table strategy: plus writes to the (existing) watermark table only
+    ("mysql", "table"): [
+        "GRANT SELECT ON `{db}`.* TO {user}",
+        "GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO {user}",
+        "GRANT SELECT, INSERT, UPDATE ON dblog.dblog_watermarks TO {user}",
+    ],
+    ("postgres", "snapshot"): ["GRANT SELECT ON public.items TO {user}"],
+    ("postgres", "table"): [
+        "GRANT SELECT ON public.items TO {user}",
+        "GRANT USAGE ON SCHEMA dblog TO {user}",
+        "GRANT SELECT, INSERT, UPDATE ON dblog.dblog_watermarks TO {user}",
+    ],
+}
+
+
+@contextlib.contextmanager
+def _restricted_user(db: Db, grants: list[str]) -> Iterator[Db]:
+    """A user with exactly ``grants`` and password SECRET; the same database through it."""
+    name = f"dblog_lp_{uuid.uuid4().hex[:8]}"
+    admin = db.connect()
+    with admin.cursor() as cur:
+        if db.kind == "mysql":
+            user = f"'{name}'@'%'"
+            cur.execute(f"CREATE USER '{name}'@'%%' IDENTIFIED BY %s", (SECRET,))
+        else:
+            user = name
+            cur.execute(f"CREATE ROLE {name} LOGIN REPLICATION PASSWORD %s", (SECRET,))
+        for grant in grants:
+            cur.execute(grant.format(db=db.schema, user=user))
+    admin.commit()
+    parts = urlsplit(db.url)
+    netloc = f"{name}:{quote(SECRET, safe='')}@{parts.hostname}:{parts.port}"
+    try:
+        yield dataclasses.replace(db, url=urlunsplit(parts._replace(netloc=netloc)))
+    finally:
+        with admin.cursor() as cur:
+            if db.kind == "mysql":
+                cur.execute(f"DROP USER {user}")
+            else:
+                cur.execute(f"DROP OWNED BY {name}")
+                cur.execute(f"DROP ROLE {name}")
+        admin.commit()
+        admin.close()
+
+
+@pytest.mark.parametrize(
+    ("kind", "watermark"), list(LEAST_PRIVILEGE), ids=[f"{k}-{w}" for k, w in LEAST_PRIVILEGE]
+)
+def test_least_privilege_capture_and_no_password_in_any_output(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+    kind: str,
+    watermark: str,
+) -> None:
+    """The documented grants suffice for a dump under writes; the password is never printed."""
+    caplog.set_level(logging.DEBUG)
+    db = db_for(request, kind)
+    load(db)
+    admin_source = open_source(_config(db, "table", tmp_path))
+    admin_source.ensure_watermark_table()  # an administrator creates it; the user only writes
+    with _restricted_user(db, LEAST_PRIVILEGE[(kind, watermark)]) as restricted:
+        config = _config(restricted, watermark, tmp_path)
+        config = dataclasses.replace(config, dump=dataclasses.replace(config.dump, chunk_size=2000))
+        store = MetadataStore(config.metadata_url)
+        sink = MemorySink()
+        capture = _open(config, store, sink)
+        # another stream's watermark in the log: a read-only user cannot even describe that table
+        admin_source.write_watermark("another-stream", str(uuid.uuid4()))
+        admin_source.close()
+        with writers(db):
+            _run_until(capture, lambda: bool(sink.received), 60)
+            dump_id = plan_dump(config, store, requested_by="test")
+            _run_until(capture, lambda: store.progress(dump_id).state == "done", 300)
+        _drain(capture)
+        capture.close()
+        assert sink.rows(db.table()) == source_rows(db)
+
+        config_file = tmp_path / "lp.yaml"
+        config_file.write_text(
+            f"""
+name: {config.name}
+source: {{type: {kind}, url: "{restricted.url}", tables: [{db.table()}]}}
+metadata: {{url: "{config.metadata_url}"}}
+sinks: {{delta: {{path: {tmp_path}/delta}}}}
+checkpoint: {tmp_path}/checkpoint
+"""
+        )
+        wrong = config_file.read_text().replace(quote(SECRET, safe=""), f"{SECRET}-wrong")
+        (tmp_path / "wrong.yaml").write_text(wrong)
+        for args in (
+            ["status", "-c", str(config_file), "--dump", str(dump_id), "--json"],
+            ["dump", "-c", str(config_file), "--table", f"{db.table().db}.missing"],
+            ["dump", "-c", str(tmp_path / "wrong.yaml"), "--all"],
+        ):
+            dblog(args)
+    out, err = capfd.readouterr()
+    assert "refused user" in out + err or "authentication failed" in out + err
+    for text in (out, err, caplog.text):
+        assert SECRET not in text and quote(SECRET, safe="") not in text
+
+
+def test_a_missing_replication_grant_is_named(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    db = db_for(request, "mysql")
+    load(db)
+    with _restricted_user(db, ["GRANT SELECT ON `{db}`.* TO {user}"]) as restricted:
+        config = _config(restricted, "gtid", tmp_path)
+        with pytest.raises(DblogError, match="GRANT REPLICATION SLAVE, REPLICATION CLIENT") as err:
+            capture = _open(config, MetadataStore(config.metadata_url), MemorySink())
+            capture.step(timeout_s=1)
+    assert "\n" not in str(err.value) and SECRET not in str(err.value)

@@ -36,12 +36,23 @@ def open_reader(config: Config, offset: Offset | None) -> ChangelogReader:
     url = source_url(config)
     tables = list(config.source.tables)
     if config.source.type == "mysql":
-        from airflow_dblog.sources.binlog_reader import BinlogReader, server_id_for
+        from airflow_dblog.sources.binlog_reader import (
+            WATERMARK_TABLE_ID,
+            BinlogReader,
+            server_id_for,
+        )
 
         # two replicas with one server id on a server disconnect each other: derive a stable one
         server_id = config.source.server_id or server_id_for(config.name)
+        # read-only strategies never look at the watermark table (their user may not see it)
+        watermarks = WATERMARK_TABLE_ID if config.source.watermark == "table" else None
         return BinlogReader(
-            url, tables, offset=offset, server_id=server_id, watermark_stream=config.name
+            url,
+            tables,
+            offset=offset,
+            server_id=server_id,
+            watermark_table=watermarks,
+            watermark_stream=config.name,
         )
     from airflow_dblog.sources.wal2json_reader import Wal2jsonReader
 

@@ -284,7 +284,7 @@ class BinlogReader:
         offset: Offset | None = None,
         server_id: int | None = None,
         heartbeat_s: float = 0.1,
-        watermark_table: TableId = WATERMARK_TABLE_ID,
+        watermark_table: TableId | None = WATERMARK_TABLE_ID,
         watermark_stream: str | None = None,
         read_timeout_s: float = 30.0,
     ) -> None:
@@ -357,8 +357,8 @@ class BinlogReader:
         settings = self.settings.pymysql_kwargs()
         settings["read_timeout"] = self.read_timeout_s
         settings["write_timeout"] = self.read_timeout_s
-        schemas = {t.db for t in self.tables} | {self.watermark_table.db}
-        names = {t.table for t in self.tables} | {self.watermark_table.table}
+        watched = {*self.tables, *self._watermark_tables()}
+        schemas, names = {t.db for t in watched}, {t.table for t in watched}
         self._codecs.clear()
         return BinLogStreamReader(
             connection_settings=settings,
@@ -559,7 +559,7 @@ class BinlogReader:
         query = event.query.lower()
         touched = {
             t
-            for t in (*self.tables, self.watermark_table)
+            for t in (*self.tables, *self._watermark_tables())
             if t.table.lower() in query or t.table.lower().replace("`", "``") in query
         }
         if not touched:
@@ -577,6 +577,10 @@ class BinlogReader:
             )
 
     # -- tables -----------------------------------------------------------------------------
+
+    def _watermark_tables(self) -> tuple[TableId, ...]:
+        """None for read-only strategies: their user may not even see the watermark table."""
+        return () if self.watermark_table is None else (self.watermark_table,)
 
     def _info(self, table: TableId, refresh: bool = False) -> TableInfo:
         try:

@@ -144,6 +144,10 @@ def connect(settings: ConnectionSettings, **extra: Any) -> pymysql.connections.C
         raise connect_error(settings, err) from None
 
 
+# access denied for a statement / a table / a database: a grant is missing
+_DENIED = (1227, 1142, 1044)
+
+
 def connect_error(settings: ConnectionSettings, err: BaseException) -> SourceError:
     code = err.args[0] if err.args and isinstance(err.args[0], int) else None
     text = redact(str(err.args[1] if len(err.args) > 1 else err))
@@ -153,6 +157,12 @@ def connect_error(settings: ConnectionSettings, err: BaseException) -> SourceErr
         return SourceError(
             f"MySQL at {settings.where} refused user {settings.user!r}: {text}",
             "check the user and password in source.url",
+        )
+    if code in _DENIED:
+        return SourceError(
+            f"MySQL at {settings.where} denied user {settings.user!r} a privilege: {text}",
+            f"GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* and SELECT on the captured"
+            f" tables to {settings.user!r} (README: least privilege)",
         )
     return SourceError(
         f"cannot reach MySQL at {settings.where}: {text}",
@@ -470,7 +480,7 @@ class MysqlSource:
 
     def _error(self, err: pymysql.MySQLError, doing: str) -> SourceError:
         code = err.args[0] if err.args and isinstance(err.args[0], int) else None
-        if code in _UNREACHABLE or code in _CONNECTION_LOST:
+        if code in _UNREACHABLE or code in _CONNECTION_LOST or code in _DENIED:
             return connect_error(self.settings, err)
         text = redact(str(err.args[1] if len(err.args) > 1 else err))
         return SourceError(f"MySQL at {self.where} failed to {doing}: ({code}) {text}")
@@ -822,7 +832,15 @@ class MysqlSource:
     # -- watermarks -------------------------------------------------------------------------
 
     def ensure_watermark_table(self) -> None:
-        """``table`` strategy: create ``dblog.dblog_watermarks`` if it is missing."""
+        """``table`` strategy: create ``dblog.dblog_watermarks`` if it is missing.
+
+        An existing table needs no CREATE grant: least privilege is INSERT, UPDATE on it.
+        """
+        if self.query(
+            "SELECT 1 FROM information_schema.tables WHERE table_schema = %s AND table_name = %s",
+            (WATERMARK_DB, WATERMARK_TABLE),
+        ):
+            return
         try:
             self.query(f"CREATE DATABASE IF NOT EXISTS {quote_ident(WATERMARK_DB)}")
             self.query(

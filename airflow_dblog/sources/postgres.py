@@ -952,7 +952,16 @@ class PostgresSource:
     # -- watermarks -------------------------------------------------------------------------
 
     def ensure_watermark_table(self) -> None:
-        """``table`` strategy: create schema ``dblog`` and ``dblog.dblog_watermarks``."""
+        """``table`` strategy: create schema ``dblog`` and ``dblog.dblog_watermarks`` if missing.
+
+        An existing table needs no CREATE grant: least privilege is USAGE on the schema and
+        INSERT, UPDATE on the table.
+        """
+        if self.query(
+            "SELECT 1 FROM pg_catalog.pg_tables WHERE schemaname = %s AND tablename = %s",
+            (WATERMARK_SCHEMA, WATERMARK_TABLE),
+        ):
+            return
         statements = [
             sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(WATERMARK_SCHEMA)),
             sql.SQL(
