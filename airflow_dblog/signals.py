@@ -53,8 +53,9 @@ def parse_signal(value: bytes | None) -> Signal:
     data = doc.get("data") or {}
     if not isinstance(data, dict):
         raise SignalError('signal "data" is not an object')
-    if data.get("type", "INCREMENTAL").upper() != "INCREMENTAL":
-        raise SignalError(f"snapshot type {data.get('type')!r} is not supported (INCREMENTAL is)")
+    snapshot = data.get("type", "INCREMENTAL")
+    if not isinstance(snapshot, str) or snapshot.upper() != "INCREMENTAL":
+        raise SignalError(f"snapshot type {snapshot!r} is not supported (INCREMENTAL is)")
     collections = data.get("data-collections")
     if collections is None:
         if kind == "execute-snapshot":

@@ -206,13 +206,28 @@ def commit_ts_ms(text: str) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
 
 
+def _escape(part: str) -> str:
+    return re.sub(r"([\\.,*\s'\"])", r"\\\1", part)
+
+
 def escape_table_name(table: TableId) -> str:
-    """``schema.table`` for wal2json's ``add-tables`` (backslash-escaped ``.``, ``,``, ``*``)."""
+    """``schema.table`` for wal2json's ``add-tables`` (backslash-escaped specials)."""
+    return f"{_escape(table.db)}.{_escape(table.table)}"
 
-    def esc(part: str) -> str:
-        return re.sub(r"([\\.,*\s'])", r"\\\1", part)
 
-    return f"{esc(table.db)}.{esc(table.table)}"
+def add_tables(tables: Sequence[TableId]) -> str:
+    """wal2json's ``add-tables`` value.
+
+    Its parser walks bytes and escapes one byte at a time, so a non-ASCII name cannot be written
+    in it: such a table's whole schema (or every schema) is decoded and the reader filters.
+    """
+    entries = []
+    for t in tables:
+        if t.db.isascii() and t.table.isascii():
+            entries.append(escape_table_name(t))
+        else:
+            entries.append(f"{_escape(t.db)}.*" if t.db.isascii() else "*.*")
+    return ",".join(dict.fromkeys(entries))
 
 
 def parse_offset(offset: Offset) -> tuple[Position | None, int]:
@@ -256,6 +271,7 @@ class Wal2jsonReader:
             )
         self.slot = slot
         self.tables = tuple(tables)
+        self._captured = frozenset(self.tables)
         self.plugin = plugin
         self.stats = {"messages": 0, "changes": 0, "truncates": 0, "reconnects": 0}
         self._status_interval = status_interval_s
@@ -373,7 +389,7 @@ class Wal2jsonReader:
             "include-types": "0",
             "include-type-oids": "1",
             "actions": "insert,update,delete,truncate",
-            "add-tables": ",".join(escape_table_name(t) for t in tables),
+            "add-tables": add_tables(tables),
         }
 
     def _open_stream(self) -> None:
@@ -736,6 +752,8 @@ class Wal2jsonReader:
                 self._emit(
                     WatermarkEvent(str(after["stream"]), str(after["value"]), self._position())
                 )
+            return
+        if tid not in self._captured:  # decoded only because add-tables had to use a wildcard
             return
         self.stats["changes"] += 1
         pk = [p["name"] for p in m["pk"]] if "pk" in m else []

@@ -21,6 +21,7 @@ from airflow_dblog.sources.postgres import PostgresSource
 from airflow_dblog.sources.wal2json_reader import (
     UNAVAILABLE,
     Wal2jsonReader,
+    add_tables,
     commit_ts_ms,
     escape_table_name,
     parse_offset,
@@ -134,6 +135,9 @@ def test_commit_timestamp_parsing() -> None:
 def test_add_tables_escaping() -> None:
     assert escape_table_name(TableId("public", "items")) == "public.items"
     assert escape_table_name(TableId("my schema", "a.b,c*")) == "my\\ schema.a\\.b\\,c\\*"
+    # wal2json escapes bytes, not characters: non-ASCII names widen to a wildcard, filtered here
+    tables = [TableId("s", "ördërs"), TableId("s", "x"), TableId("ß", "y"), TableId("s", "ü")]
+    assert add_tables(tables) == "s.*,s.x,*.*"
 
 
 def test_offset_parsing_rejects_foreign_offsets() -> None:
