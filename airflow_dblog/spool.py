@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import errno
 import json
 import os
 import uuid
@@ -108,16 +109,20 @@ class Spool:
     def append(self, events: Sequence[ChangeEvent], footer: dict[str, Any]) -> int:
         seq = self.end()
         tmp = self.dir / f".{seq}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as out:
-            for event in events:
-                out.write(json.dumps(event_record(event), separators=(",", ":")))
-                out.write("\n")
-            tables = sorted({str(e.table) for e in events})
-            summary = {"seq": seq, "events": len(events), "tables": tables}
-            out.write(json.dumps({"footer": {**footer, **summary}}))
-            out.write("\n")
-            out.flush()
-            os.fsync(out.fileno())
+        try:
+            self._write(tmp, seq, events, footer)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            if err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DblogError(
+                    f"the checkpoint disk is full: no space for spool segment {seq} in {self.dir}",
+                    "free space or move checkpoint to a larger disk, then start the stream"
+                    " again: it resumes where it stopped",
+                ) from None
+            raise DblogError(
+                f"cannot write spool segment {seq} in {self.dir}: {err.strerror}",
+                "check the checkpoint directory's permissions and disk",
+            ) from None
         try:  # link, not replace: a segment is never overwritten, even by a second writer
             os.link(tmp, self.path(seq))
         except FileExistsError:
@@ -129,6 +134,19 @@ class Spool:
             tmp.unlink()
         _fsync_dir(self.dir)
         return seq
+
+    @staticmethod
+    def _write(tmp: Path, seq: int, events: Sequence[ChangeEvent], footer: dict[str, Any]) -> None:
+        with open(tmp, "w", encoding="utf-8") as out:
+            for event in events:
+                out.write(json.dumps(event_record(event), separators=(",", ":")))
+                out.write("\n")
+            tables = sorted({str(e.table) for e in events})
+            summary = {"seq": seq, "events": len(events), "tables": tables}
+            out.write(json.dumps({"footer": {**footer, **summary}}))
+            out.write("\n")
+            out.flush()
+            os.fsync(out.fileno())
 
     def lines(self, seq: int) -> Iterator[str]:
         """The segment's raw lines: events, then the footer last."""

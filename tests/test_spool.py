@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
+import os
 import uuid
 from pathlib import Path
 
@@ -62,6 +63,17 @@ def test_a_segment_is_never_overwritten_by_a_second_writer(
         late.append([_event(2)], {"closed": []})
     assert spool.path(0).read_bytes() == before
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_full_disk_is_one_clear_error_and_leaves_nothing_half_written(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    spool.append([_event(1)], {"closed": []})
+    # the kernel's own "no space left": the next segment's temporary file is /dev/full
+    (tmp_path / f".1.{os.getpid()}.tmp").symlink_to("/dev/full")
+    with pytest.raises(DblogError, match=r"checkpoint disk is full: no space for spool segment 1"):
+        spool.append([_event(2)] * 1000, {"closed": []})
+    assert spool.segments() == [0] and not list(tmp_path.glob(".*"))
+    assert spool.append([_event(2)], {"closed": []}) == 1  # space again: it carries on
 
 
 def test_drop_before_deletes_only_older_segments(tmp_path: Path) -> None:
