@@ -377,6 +377,18 @@ def _local_servers() -> Servers:
     return Servers("local", get(mysql), get(postgres), get(zookeeper), get(kafka))
 
 
+def restart_local_service(name: str) -> None:
+    """Stop and start one of ``scripts/services.sh``'s services (fault tests)."""
+    for command in ("down", "up"):
+        subprocess.run(
+            ["bash", str(SERVICES_SH), command, name],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            check=True,
+            timeout=300,
+        )
+
+
 def _run_services_up(down: list[str]) -> None:
     print(f"\n[tests] local services not reachable ({', '.join(down)}): running {SERVICES_SH} up")
     result = subprocess.run(
