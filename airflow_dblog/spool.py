@@ -141,8 +141,16 @@ class Spool:
             for event in events:
                 out.write(json.dumps(event_record(event), separators=(",", ":")))
                 out.write("\n")
-            tables = sorted({str(e.table) for e in events})
-            summary = {"seq": seq, "events": len(events), "tables": tables}
+            columns: dict[str, set[str]] = {}
+            for event in events:  # the sinks learn of added columns from here
+                image = event.after if event.after is not None else event.before
+                columns.setdefault(str(event.table), set()).update(image or ())
+            summary = {
+                "seq": seq,
+                "events": len(events),
+                "tables": sorted(columns),
+                "columns": {table: sorted(names) for table, names in columns.items()},
+            }
             out.write(json.dumps({"footer": {**footer, **summary}}))
             out.write("\n")
             out.flush()

@@ -20,7 +20,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -55,22 +55,32 @@ class FrameSink(Protocol):
 
     name: str
 
-    def write_frame(self, batch_id: int, events: DataFrame, tables: Sequence[str]) -> None:
-        """``tables``: the ``db.table`` names with events in the batch (from the footers)."""
+    def write_frame(
+        self, batch_id: int, events: DataFrame, tables: Mapping[str, Collection[str]]
+    ) -> None:
+        """``tables``: ``db.table`` names with events in the batch -> the columns they carry."""
         ...
 
     def close(self) -> None: ...
 
 
 def build_sinks(
-    spark: SparkSession, config: Config, schemas: Mapping[TableId, TableSchema]
+    spark: SparkSession,
+    config: Config,
+    schemas: Mapping[TableId, TableSchema],
+    describe: Callable[[TableId], TableSchema] | None = None,
 ) -> list[FrameSink]:
-    """The sinks the config names, in the order a batch is written through them."""
+    """The sinks the config names, in the order a batch is written through them.
+
+    ``describe`` reads a table's current schema when a batch carries columns a sink has not
+    seen (ALTER TABLE ... ADD COLUMN while streaming).
+    """
     sinks: list[FrameSink] = []
     if config.delta is not None:
         from airflow_dblog.sinks.delta_sink import DeltaSink
 
-        sinks.append(DeltaSink(spark, config.delta, schemas, app_id=f"dblog-{config.name}"))
+        app_id = f"dblog-{config.name}"
+        sinks.append(DeltaSink(spark, config.delta, schemas, app_id, describe))
     if config.kafka is not None:
         from airflow_dblog.sinks.kafka_sink import KafkaSink
 
@@ -103,7 +113,10 @@ class BatchCommitter:
                 .select("e.*")
             )
             count = sum(f["events"] for f in footers)
-            tables = sorted({t for f in footers for t in f["tables"]})
+            tables: dict[str, set[str]] = {}
+            for f in footers:
+                for table in f["tables"]:
+                    tables.setdefault(table, set()).update(f.get("columns", {}).get(table, ()))
             read_s = time.monotonic() - started
             if count:
                 for sink in self.sinks:
@@ -173,7 +186,8 @@ def run_stream(
     spark.dataSource.register(ChangelogSource)
     source = open_source(config)
     schemas = {table: source.describe(table) for table in config.source.tables}
-    sinks = build_sinks(spark, config, schemas)
+    schema_source = open_source(config)  # the Spark thread's own: sources are not thread-safe
+    sinks = build_sinks(spark, config, schemas, schema_source.describe)
     checkpoint = Path(config.checkpoint)
     spool = Spool(checkpoint / "spool")
     capture = SpooledCapture(
@@ -215,6 +229,7 @@ def run_stream(
         capture.close()
         for sink in sinks:
             sink.close()
+        schema_source.close()
         spark.stop()
         if lease is not None:
             lease.close()

@@ -97,10 +97,12 @@ def _table_path(config: Config, db: Db) -> str:
     return f"{config.delta.path}/{db.table().db}/{db.table().table}"
 
 
-def _delta_rows(spark: Any, config: Config, db: Db) -> dict[tuple[Any, ...], dict[str, Any]]:
+def _delta_rows(
+    spark: Any, config: Config, db: Db, columns: tuple[str, ...] = ("a", "b", "v", "note")
+) -> dict[tuple[Any, ...], dict[str, Any]]:
     path = _table_path(config, db)
     rows = spark.read.format("delta").load(path).where("NOT _dblog_deleted").collect()
-    return {(r["a"], r["b"]): {c: r[c] for c in ("a", "b", "v", "note")} for r in rows}
+    return {(r["a"], r["b"]): {c: r[c] for c in columns} for r in rows}
 
 
 def _change_feed(spark: Any, config: Config, db: Db) -> list[Any]:
@@ -363,3 +365,44 @@ def test_standbys_take_over_a_dead_or_frozen_leader_and_the_old_one_writes_nothi
             if s.proc is not None and s.proc.poll() is None:
                 s.freeze(False)
                 s.stop()
+
+
+def test_a_column_added_while_streaming_reaches_delta_and_a_dump_fills_old_rows(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    spark: Any,
+    stream_factory: Callable[[Path], Stream],
+) -> None:
+    """ALTER TABLE ADD COLUMN under writes: Delta gains the column from the next change that
+    carries it; rows the ALTER filled without a log event get it from a dump."""
+    db = db_for(request, "mysql")
+    load(db, rows=5_000)
+    config_path = _write_config(db, tmp_path, chunk_size=500)
+    config = load_config(config_path)
+    store = MetadataStore(config.metadata_url)
+    stream = stream_factory(config_path)
+    stream.start()
+    _live(stream, config, store)
+    with writers(db, pause_s=WRITER_PAUSE_S):
+        log = Path(_table_path(config, db)) / "_delta_log"
+        _until("the writers' first changes in Delta", log.exists, 180, stream)
+        conn = db.connect()
+        with conn.cursor() as cur:
+            cur.execute(f"ALTER TABLE {db.quoted()} ADD COLUMN extra int NOT NULL DEFAULT 7")
+            cur.execute(f"UPDATE {db.quoted()} SET extra = a % 5 WHERE a < 300")
+        conn.close()
+        assert dblog(["dump", "-c", str(config_path), "--all"]) == 0
+        (dump,) = store.dumps(config.name)
+        _until("the dump", lambda: store.progress(dump.id).state == "done", 600, stream)
+        time.sleep(2)
+    columns = ("a", "b", "v", "note", "extra")
+    expected = source_rows(db, columns)
+    deadline = time.monotonic() + 180
+    while (actual := _delta_rows(spark, config, db, columns)) != expected:
+        stream.check_alive()
+        assert time.monotonic() < deadline, [k for k in expected if expected[k] != actual.get(k)][
+            :5
+        ]
+        time.sleep(2)
+    assert "source added columns ['extra']; added to Delta" in stream.log.read_text()
+    assert stream.stop() == 0

@@ -12,7 +12,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +54,7 @@ def _execute(db: Db, sql: str, params: list[tuple[Any, ...]] | tuple[Any, ...] =
         conn.close()
 
 
-def load(db: Db) -> None:
+def load(db: Db, rows: int = ROWS) -> None:
     text = "varchar(16)" if db.kind == "mysql" else "text"
     _execute(
         db,
@@ -63,19 +63,20 @@ def load(db: Db) -> None:
     )
     if db.kind == "postgres":
         _execute(db, f"ALTER TABLE {db.quoted()} REPLICA IDENTITY FULL")
-    rows = [(a, f"k{a % 7}", 0, "seed") for a in range(ROWS)]
-    for i in range(0, ROWS, 5000):
-        _execute(db, f"INSERT INTO {db.quoted()} VALUES (%s, %s, %s, %s)", rows[i : i + 5000])
+    seed = [(a, f"k{a % 7}", 0, "seed") for a in range(rows)]
+    for i in range(0, rows, 5000):
+        _execute(db, f"INSERT INTO {db.quoted()} VALUES (%s, %s, %s, %s)", seed[i : i + 5000])
 
 
-def source_rows(db: Db) -> dict[tuple[Any, ...], dict[str, Any]]:
+def source_rows(
+    db: Db, columns: Sequence[str] = ("a", "b", "v", "note")
+) -> dict[tuple[Any, ...], dict[str, Any]]:
     conn = db.connect()
     try:
         with conn.cursor() as cur:
-            cur.execute(f"SELECT a, b, v, note FROM {db.quoted()}")
-            return {
-                (a, b): {"a": a, "b": b, "v": v, "note": note} for a, b, v, note in cur.fetchall()
-            }
+            cur.execute(f"SELECT {', '.join(columns)} FROM {db.quoted()}")
+            rows = [dict(zip(columns, values, strict=True)) for values in cur.fetchall()]
+            return {(row["a"], row["b"]): row for row in rows}
     finally:
         conn.close()
 
@@ -97,13 +98,13 @@ def _writer(
                     if op < 0.35:
                         if db.kind == "mysql":
                             cur.execute(
-                                f"INSERT INTO {table} VALUES (%s,%s,%s,%s) "
+                                f"INSERT INTO {table} (a, b, v, note) VALUES (%s,%s,%s,%s) "
                                 "ON DUPLICATE KEY UPDATE v = v + 1",
                                 (a, b, seed, "ins"),
                             )
                         else:
                             cur.execute(
-                                f"INSERT INTO {table} VALUES (%s,%s,%s,%s) "
+                                f"INSERT INTO {table} (a, b, v, note) VALUES (%s,%s,%s,%s) "
                                 "ON CONFLICT (a, b) DO UPDATE SET v = items.v + 1",
                                 (a, b, seed, "ins"),
                             )

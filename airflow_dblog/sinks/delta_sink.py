@@ -17,10 +17,12 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from airflow_dblog.config import DeltaSinkConfig
+from airflow_dblog.errors import DblogError
 from airflow_dblog.events import TableId
 from airflow_dblog.sources.base import Column, TableSchema
 
@@ -78,20 +80,53 @@ class DeltaSink:
         config: DeltaSinkConfig,
         schemas: Mapping[TableId, TableSchema],
         app_id: str,
+        describe: Callable[[TableId], TableSchema] | None = None,
     ) -> None:
         self.spark, self.config, self.schemas, self.app_id = spark, config, dict(schemas), app_id
+        self.describe = describe
         self._purged_at: dict[TableId, float] = {}
 
     def table_path(self, table: TableId) -> str:
         return f"{self.config.path.rstrip('/')}/{table.db}/{table.table}"
 
-    def write_frame(self, batch_id: int, events: DataFrame, tables: Sequence[str]) -> None:
+    def write_frame(
+        self, batch_id: int, events: DataFrame, tables: Mapping[str, Collection[str]]
+    ) -> None:
         """Apply one batch of events (the spool's event frame) to every table it touches."""
-        for name in tables:
+        for name, columns in tables.items():
             table = TableId.parse(name)
+            self._follow_schema(table, columns)
             self._merge(batch_id, table, events.where(events["table"] == name))
         for table in self.schemas:
             self._purge_tombstones(table)
+
+    def _follow_schema(self, table: TableId, columns: Collection[str]) -> None:
+        """Add the columns an ALTER TABLE added at the source; refuse a changed primary key.
+
+        Dropped columns stay in Delta (later rows leave them null): Delta keeps history, and
+        dropping would need column mapping on every reader.
+        """
+        schema = self.schemas[table]
+        known = {c.name for c in schema.columns}
+        if self.describe is None or not set(columns) - known:
+            return
+        current = self.describe(table)
+        if current.key != schema.key:
+            raise DblogError(
+                f"the primary key of {table} changed from ({', '.join(schema.key)}) to"
+                f" ({', '.join(current.key)}) while streaming; Delta rows are keyed by the old one",
+                "stop the stream, point sinks.delta.path elsewhere and run a full dump",
+            )
+        from delta.tables import DeltaTable
+
+        added = [c for c in current.columns if c.name not in known]
+        path = self.table_path(table)
+        if added and DeltaTable.isDeltaTable(self.spark, path):
+            ddl = ", ".join(f"{quoted(c.name)} {spark_type(c).simpleString()}" for c in added)
+            self.spark.sql(f"ALTER TABLE delta.{quoted(path)} ADD COLUMNS ({ddl})")
+            log.info("%s: source added columns %s; added to Delta", table, [c.name for c in added])
+        kept = [c for c in schema.columns if c.name not in {a.name for a in current.columns}]
+        self.schemas[table] = replace(current, columns=(*current.columns, *kept))
 
     def _merge(self, batch_id: int, table: TableId, events: DataFrame) -> None:
         from pyspark.sql import Window

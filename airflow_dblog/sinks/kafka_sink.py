@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_dblog.config import KafkaSinkConfig
@@ -170,7 +170,7 @@ class KafkaSink:
             self._committed = tp.offset - 1 if tp.offset >= 0 else -1
         return self._committed
 
-    def write_frame(self, batch_id: int, events: DataFrame, tables: Sequence[str] = ()) -> None:
+    def write_frame(self, batch_id: int, events: DataFrame, tables: Collection[str] = ()) -> None:
         if batch_id <= self.committed_batch():
             log.info("kafka: batch %d is already committed; skipped", batch_id)
             return

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from airflow_dblog.config import DeltaSinkConfig
+from airflow_dblog.errors import DblogError
 from airflow_dblog.events import ChangeEvent, TableId
 from airflow_dblog.position import Position
 from airflow_dblog.sinks.delta_sink import DeltaSink, spark_type
@@ -69,7 +70,10 @@ def _write(sink: DeltaSink, batch_id: int, events: list[ChangeEvent]) -> None:
     spark = sink.spark
     lines = spark.createDataFrame([(json.dumps(event_record(e)),) for e in events], "line string")
     frame = lines.selectExpr(f"from_json(line, '{EVENT_DDL}') AS e").select("e.*")
-    sink.write_frame(batch_id, frame, sorted({str(e.table) for e in events}))
+    columns: dict[str, set[str]] = {}  # what the spool's footers say
+    for e in events:
+        columns.setdefault(str(e.table), set()).update(e.after or e.before or {})
+    sink.write_frame(batch_id, frame, columns)
 
 
 def _state(sink: DeltaSink) -> dict[int, dict[str, Any]]:
@@ -172,3 +176,31 @@ def test_change_data_feed_is_on(sink: DeltaSink) -> None:
 )
 def test_spark_type_of_source_columns(declared: str, expected: str) -> None:
     assert repr(spark_type(Column("c", declared, True))) == expected
+
+
+def test_source_columns_added_while_streaming_reach_delta_and_a_new_key_is_refused(
+    spark: Any, tmp_path: Path
+) -> None:
+    extra = Column("extra", "int(11)", True)
+    current = {"schema": dataclasses.replace(SCHEMA, columns=(*SCHEMA.columns, extra))}
+    sink = DeltaSink(
+        spark,
+        DeltaSinkConfig(str(tmp_path / "delta")),
+        {TABLE: SCHEMA},
+        "dblog-test",
+        describe=lambda table: current["schema"],
+    )
+    _write(sink, 1, [_event("c", 1, 5, 10), _event("c", 2, 5, 11)])
+    later = _event("u", 1, 6, 12)
+    _write(sink, 2, [dataclasses.replace(later, after={**(later.after or {}), "extra": 9})])
+    state = _state(sink)
+    assert (state[1]["qty"], state[1]["extra"], state[2]["extra"]) == (6, 9, None)
+
+    more = Column("more", "int(11)", True)
+    current["schema"] = TableSchema(TABLE, (*current["schema"].columns, more), ("a",))
+    last = _event("u", 2, 7, 13)
+    with pytest.raises(
+        DblogError, match=r"primary key of shop.items changed from \(a, b\) to \(a\)"
+    ):
+        _write(sink, 3, [dataclasses.replace(last, after={**(last.after or {}), "more": 1})])
+    assert _state(sink) == state
