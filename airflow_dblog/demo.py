@@ -173,6 +173,38 @@ def compare(url: str, spark: Any, delta_path: str) -> list[str]:
     return lines
 
 
+def start_stream(config_path: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """``dblog stream -c config_path`` as a child process, its output in ``log_path``."""
+    with open(log_path, "w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "airflow_dblog.cli", "stream", "-c", str(config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def stop_stream(stream: subprocess.Popen[bytes]) -> None:
+    stream.send_signal(signal.SIGTERM)
+    try:
+        stream.wait(60)
+    except subprocess.TimeoutExpired:
+        stream.kill()
+
+
+def wait_until_equal(url: str, delta_path: str, timeout_s: float = 120) -> list[str]:
+    """:func:`compare` until every table is equal or ``timeout_s`` passed: the last result."""
+    from airflow_dblog.spark_env import build_spark_session
+
+    spark = build_spark_session("dblog-demo-verify", "local[1]", {"spark.ui.enabled": False})
+    spark.sparkContext.setLogLevel("ERROR")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = compare(url, spark, delta_path)
+        if all(": equal" in line for line in result) or time.monotonic() > deadline:
+            return result
+        time.sleep(3)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m airflow_dblog.demo")
     parser.add_argument("--output", default="demo-output", help="where Delta, logs, state go")
@@ -191,12 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     store = MetadataStore(config.metadata_url)
     log_path = out / "stream.log"
     print(f"[demo] starting dblog stream -c {config_path} (log: {log_path})")
-    with open(log_path, "w") as log:
-        stream = subprocess.Popen(
-            [sys.executable, "-m", "airflow_dblog.cli", "stream", "-c", str(config_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    stream = start_stream(config_path, log_path)
     try:
         with write_load(url) as counts:
             while store.stream_state(config.name) is None:
@@ -217,28 +244,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[demo] {progress_line(progress)}")
             print(f"[demo] write load: {counts}")
         print("[demo] write load stopped; waiting for the stream to catch up")
-        from airflow_dblog.spark_env import build_spark_session
-
-        spark = build_spark_session("dblog-demo-verify", "local[1]", {"spark.ui.enabled": False})
-        spark.sparkContext.setLogLevel("ERROR")
-        deadline = time.monotonic() + 120
-        while True:
-            result = compare(url, spark, str(out / "delta"))
-            if all("equal" in line for line in result) or time.monotonic() > deadline:
-                break
-            time.sleep(3)
+        result = wait_until_equal(url, str(out / "delta"))
         for line in result:
             print(f"[demo] Delta vs source: {line}")
-        ok = all(line.endswith("rows)") and ": equal" in line for line in result)
+        ok = all(": equal" in line for line in result)
         print(f"[demo] {'the Delta tables equal the source tables' if ok else 'DIFFERENCES found'}")
         print(f"[demo] Delta tables under {out / 'delta'}; read them with any Spark + Delta")
         return 0 if ok else 1
     finally:
-        stream.send_signal(signal.SIGTERM)
-        try:
-            stream.wait(60)
-        except subprocess.TimeoutExpired:
-            stream.kill()
+        stop_stream(stream)
 
 
 if __name__ == "__main__":

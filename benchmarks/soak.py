@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -41,6 +39,7 @@ class LagProbe(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.store, self.stream = url, store, stream
         self.samples: list[float] = []
+        self.pending_since: float | None = None  # the probe waiting for the sink, if any
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -52,12 +51,13 @@ class LagProbe(threading.Thread):
                 cur.execute(f"UPDATE {demo.DB}.customers SET name = %s WHERE id = 0", (f"p{n}",))
                 cur.execute("SHOW MASTER STATUS")
                 file, pos = cur.fetchone()[:2]
-            committed_at = time.monotonic()
+            committed_at = self.pending_since = time.monotonic()
             target = str(Position.mysql(binlog_file_index(file), int(pos)))
             while not self.stop.is_set():
                 state = self.store.stream_state(self.stream)
                 if state is not None and (state.position or "") >= target:
                     self.samples.append(time.monotonic() - committed_at)
+                    self.pending_since = None
                     break
                 time.sleep(0.1)
         conn.close()
@@ -85,12 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config(config_path)
     store = MetadataStore(config.metadata_url)
     log_path = out / "stream.log"
-    with open(log_path, "w") as log:
-        stream = subprocess.Popen(
-            [sys.executable, "-m", "airflow_dblog.cli", "stream", "-c", str(config_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    stream = demo.start_stream(config_path, log_path)
     probe = LagProbe(url, store, config.name)
     ok = True
     try:
@@ -119,11 +114,11 @@ def main(argv: list[str] | None = None) -> int:
                     done = [d for d in dumps if d.state == "done"]
                     emitted = sum(store.progress(d.id).rows_emitted for d in dumps)
                     writes = sum(counts.values())
-                    lag = (
-                        f"p50 {statistics.median(lags):.1f} s max {max(lags):.1f} s"
-                        if lags
-                        else "no probe committed"
-                    )
+                    if lags:
+                        lag = f"p50 {statistics.median(lags):.1f} s max {max(lags):.1f} s"
+                    else:  # a slow sink: say how long the current probe has waited
+                        waited = time.monotonic() - (probe.pending_since or time.monotonic())
+                        lag = f">= {waited:.1f} s (probe pending)"
                     print(
                         f"[soak] t={time.monotonic() - started:5.0f} s  lag {lag}  rss"
                         f" {rss_of_tree(stream.pid) / 2**20:,.0f} MB  dumps {len(done)}/"
@@ -141,16 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         if unfinished:
             print(f"[soak] dumps not done: {unfinished}")
             ok = False
-        from airflow_dblog.spark_env import build_spark_session
-
-        spark = build_spark_session("dblog-soak-verify", "local[1]", {"spark.ui.enabled": False})
-        spark.sparkContext.setLogLevel("ERROR")
-        deadline = time.monotonic() + 180
-        while True:
-            result = demo.compare(url, spark, str(out / "delta"))
-            if all(": equal" in line for line in result) or time.monotonic() > deadline:
-                break
-            time.sleep(3)
+        result = demo.wait_until_equal(url, str(out / "delta"), timeout_s=180)
         for line in result:
             print(f"[soak] Delta vs source: {line}")
         ok = ok and all(": equal" in line for line in result)
@@ -158,11 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if ok else 1
     finally:
         probe.stop.set()
-        stream.send_signal(signal.SIGTERM)
-        try:
-            stream.wait(60)
-        except subprocess.TimeoutExpired:
-            stream.kill()
+        demo.stop_stream(stream)
 
 
 if __name__ == "__main__":
