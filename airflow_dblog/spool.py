@@ -137,12 +137,11 @@ class Spool:
 
     @staticmethod
     def _write(tmp: Path, seq: int, events: Sequence[ChangeEvent], footer: dict[str, Any]) -> None:
+        columns: dict[str, set[str]] = {}  # the sinks learn of added columns from these
         with open(tmp, "w", encoding="utf-8") as out:
             for event in events:
                 out.write(json.dumps(event_record(event), separators=(",", ":")))
                 out.write("\n")
-            columns: dict[str, set[str]] = {}
-            for event in events:  # the sinks learn of added columns from here
                 image = event.after if event.after is not None else event.before
                 columns.setdefault(str(event.table), set()).update(image or ())
             summary = {

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,23 @@ class Stream:
                 self.proc.kill()
                 self.proc.wait(30)
         return self.proc.returncode
+
+    def wait_capturing(self, timeout_s: float = 180) -> None:
+        """Until the stream has committed a batch: from then on the log is captured.
+
+        Not just its state row: a standby that just took the lease writes the row first.
+        """
+        from airflow_dblog.config import load_config
+        from airflow_dblog.metadata import MetadataStore
+
+        config = load_config(self.config_path)
+        store = MetadataStore(config.metadata_url)
+        deadline = time.monotonic() + timeout_s
+        while (state := store.stream_state(config.name)) is None or state.heartbeat_at is None:
+            self.check_alive()
+            assert time.monotonic() < deadline, "the stream did not start"
+            time.sleep(0.5)
+        store.engine.dispose()
 
     def check_alive(self) -> None:
         assert self.proc is not None

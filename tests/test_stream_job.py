@@ -82,16 +82,6 @@ def _until(what: str, done: Callable[[], bool], timeout_s: float, stream: Stream
         time.sleep(0.5)
 
 
-def _live(stream: Stream, config: Config, store: MetadataStore) -> None:
-    """Wait until the stream has committed a batch: from then on the log is captured."""
-
-    def capturing() -> bool:  # a standby that just took the lease has a row but no log yet
-        state = store.stream_state(config.name)
-        return state is not None and state.heartbeat_at is not None
-
-    _until("the stream to start", capturing, 180, stream)
-
-
 def _table_path(config: Config, db: Db) -> str:
     assert config.delta is not None
     return f"{config.delta.path}/{db.table().db}/{db.table().table}"
@@ -174,7 +164,7 @@ def test_stream_dump_into_delta_and_kafka_converges(
     store = MetadataStore(config.metadata_url)
     stream = stream_factory(config_path)
     stream.start()
-    _live(stream, config, store)
+    stream.wait_capturing()
     with writers(db, pause_s=WRITER_PAUSE_S) as counts:
         log = Path(_table_path(config, db)) / "_delta_log"
         _until("the writers' first changes in Delta", log.exists, 180, stream)
@@ -239,7 +229,7 @@ def test_live_controls_and_signals_reach_the_running_stream(
     store = MetadataStore(config.metadata_url)
     stream = stream_factory(config_path)
     stream.start()
-    _live(stream, config, store)
+    stream.wait_capturing()
     c = str(config_path)
     assert dblog(["dump", "-c", c, "--all"]) == 0
     (dump,) = store.dumps(config.name)
@@ -331,7 +321,7 @@ def test_standbys_take_over_a_dead_or_frozen_leader_and_the_old_one_writes_nothi
 
     try:
         a.start()
-        _live(a, config, store)
+        a.wait_capturing()
         b.start()
         _until("b to wait", lambda: "standby" in b.log.read_text(), 120, b)
         with writers(db, pause_s=WRITER_PAUSE_S):
@@ -382,7 +372,7 @@ def test_a_column_added_while_streaming_reaches_delta_and_a_dump_fills_old_rows(
     store = MetadataStore(config.metadata_url)
     stream = stream_factory(config_path)
     stream.start()
-    _live(stream, config, store)
+    stream.wait_capturing()
     with writers(db, pause_s=WRITER_PAUSE_S):
         log = Path(_table_path(config, db)) / "_delta_log"
         _until("the writers' first changes in Delta", log.exists, 180, stream)

@@ -206,10 +206,7 @@ class MetadataStore:
         while True:
             try:
                 with self._sessions.begin() as s:
-                    row = s.get(StreamState, fence.stream, with_for_update=True)
-                    if row is None:
-                        row = StreamState(stream=fence.stream, fencing_token=0)
-                        s.add(row)
+                    row = _stream_row(s, fence.stream)
                     if row.fencing_token > fence.token:
                         raise FencedError(
                             f"stream {fence.stream}: lease token {fence.token} is older than"
@@ -592,12 +589,18 @@ class MetadataStore:
 
     def save_stream_state(self, stream: str, **values: Any) -> None:
         with self.session() as s:
-            row = s.get(StreamState, stream, with_for_update=True)
-            if row is None:
-                row = StreamState(stream=stream, fencing_token=0)
-                s.add(row)
+            row = _stream_row(s, stream)
             for key, value in values.items():
                 setattr(row, key, value)
+
+
+def _stream_row(s: Session, stream: str) -> StreamState:
+    """The stream's state row, locked; created (token 0) on first use."""
+    row = s.get(StreamState, stream, with_for_update=True)
+    if row is None:
+        row = StreamState(stream=stream, fencing_token=0)
+        s.add(row)
+    return row
 
 
 def _new_chunk(

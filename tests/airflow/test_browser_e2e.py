@@ -23,7 +23,6 @@ from airflow_services import REPO_ROOT, AirflowServices, running_airflow
 from stream_process import Stream
 
 from airflow_dblog.config import load_config
-from airflow_dblog.metadata import MetadataStore
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
@@ -117,17 +116,6 @@ def page() -> Iterator[Page]:
         browser.close()
 
 
-def wait_for_stream(stream: Stream, timeout: float = 240.0) -> None:
-    """Until the stream has reported once: it reads the log, so the dump's chunk will run."""
-    config = load_config(stream.config_path)
-    store = MetadataStore(config.metadata_url)
-    deadline = time.monotonic() + timeout
-    while store.stream_state(config.name) is None:
-        stream.check_alive()
-        assert time.monotonic() < deadline, "the stream did not start"
-        time.sleep(0.5)
-
-
 def trigger_from_form(page: Page, airflow: AirflowServices, table: str) -> None:
     """The DAG page's Trigger button, the table chosen in its select, the keys typed, submit."""
     page.goto(f"{airflow.url}/dags/{DAG_ID}")
@@ -174,7 +162,7 @@ def test_backfill_triggered_from_the_browser_writes_the_three_keys_to_delta(
     screenshot = artifacts_dir() / "browser_e2e_backfill_run.png"
     started = time.monotonic()
     with airflow.logs_on_failure():
-        wait_for_stream(stream)
+        stream.wait_capturing(240)
         print(f"stream ready after {time.monotonic() - started:.0f}s")
         try:
             trigger_from_form(page, airflow, table)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,6 @@ import pytest
 from stream_process import Stream
 
 from airflow_dblog.config import Config, load_config
-from airflow_dblog.metadata import MetadataStore
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -62,12 +60,7 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
     config = load_config(file)
     stream = Stream(file)
     stream.start()
-    store = MetadataStore(config.metadata_url)
-    deadline = time.monotonic() + 180
-    while store.stream_state(config.name) is None:
-        stream.check_alive()
-        assert time.monotonic() < deadline, "the stream did not start"
-        time.sleep(0.5)
+    stream.wait_capturing()
     yield config
     assert stream.stop() == 0
 
