@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +169,7 @@ def _signal_docs() -> st.SearchStrategy[Any]:
     st.one_of(
         st.binary(max_size=100),
         _signal_docs().map(lambda d: yaml.safe_dump(d).encode()),
-        _signal_docs().map(lambda d: __import__("json").dumps(d).encode()),
+        _signal_docs().map(lambda d: json.dumps(d).encode()),
     )
 )
 def test_any_signal_message_parses_or_is_skipped_with_a_reason(value: bytes) -> None:

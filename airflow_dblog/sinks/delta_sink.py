@@ -125,7 +125,8 @@ class DeltaSink:
             ddl = ", ".join(f"{quoted(c.name)} {spark_type(c).simpleString()}" for c in added)
             self.spark.sql(f"ALTER TABLE delta.{quoted(path)} ADD COLUMNS ({ddl})")
             log.info("%s: source added columns %s; added to Delta", table, [c.name for c in added])
-        kept = [c for c in schema.columns if c.name not in {a.name for a in current.columns}]
+        now = {c.name for c in current.columns}
+        kept = [c for c in schema.columns if c.name not in now]
         self.schemas[table] = replace(current, columns=(*current.columns, *kept))
 
     def _merge(self, batch_id: int, table: TableId, events: DataFrame) -> None:
