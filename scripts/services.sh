@@ -149,25 +149,34 @@ wait_for() {
     done
 }
 
+# stop_pid SERVICE SIGNAL SECONDS [SIGNAL SECONDS ...]: each signal in turn until the process is
+# gone, SIGKILL after the last. (PostgreSQL: INT then QUIT, which also ends its children; a
+# SIGKILLed postmaster leaves backends holding its shared memory and the next start fails.)
 stop_pid() {
-    local svc=$1 sig=$2 timeout=$3 pid
+    local svc=$1 pid
+    shift
     pid=$(service_pid "$svc")
     if [ -z "$pid" ]; then
         rm -f "$(pidfile "$svc")"
         return 0
     fi
     log "stopping $svc (pid $pid)"
-    kill "-$sig" "$pid" 2>/dev/null || true
-    local deadline=$((SECONDS + timeout))
-    while kill -0 "$pid" 2>/dev/null; do
-        if [ "$SECONDS" -ge "$deadline" ]; then
-            log "$svc did not stop within ${timeout}s; sending SIGKILL"
-            kill -KILL "$pid" 2>/dev/null || true
-            sleep 1
-            break
-        fi
-        sleep 0.3
+    while [ $# -ge 2 ]; do
+        local sig=$1 timeout=$2
+        shift 2
+        kill "-$sig" "$pid" 2>/dev/null || true
+        local deadline=$((SECONDS + timeout))
+        while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do
+            sleep 0.3
+        done
+        kill -0 "$pid" 2>/dev/null || break
+        log "$svc did not stop within ${timeout}s of SIG$sig"
     done
+    if kill -0 "$pid" 2>/dev/null; then
+        log "sending SIGKILL to $svc"
+        kill -KILL "$pid" 2>/dev/null || true
+        sleep 1
+    fi
     rm -f "$(pidfile "$svc")"
 }
 
@@ -754,7 +763,7 @@ cmd_down() {
     # reverse order: kafka, zookeeper, postgres, mariadb
     for s in $(echo "$services" | tr ' ' '\n' | tac); do
         case $s in
-            postgres) stop_pid postgres INT 60 ;; # SIGINT = fast shutdown (TERM waits for clients)
+            postgres) stop_pid postgres INT 30 QUIT 15 ;; # INT = fast shutdown (TERM waits for clients)
             kafka) stop_pid kafka TERM 60 ;;
             *) stop_pid "$s" TERM 60 ;;
         esac
