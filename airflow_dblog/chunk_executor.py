@@ -17,16 +17,19 @@ import logging
 import uuid
 from typing import Any
 
-from airflow_dblog.events import TableId
+from airflow_dblog.errors import DblogError
+from airflow_dblog.events import Row, TableId
 from airflow_dblog.keys import from_json, to_json
 from airflow_dblog.merge import WatermarkMerge
 from airflow_dblog.metadata import MetadataStore
 from airflow_dblog.metadata.models import Chunk
 from airflow_dblog.position import Position
-from airflow_dblog.sources.base import Key, Source
+from airflow_dblog.sources.base import Key, Source, TableSchema
 from airflow_dblog.window import GtidWindow, PositionWindow, SnapshotXidWindow, TableWindow
 
 log = logging.getLogger(__name__)
+
+RESELECT_ATTEMPTS = 3
 
 
 class ChunkExecutor:
@@ -41,6 +44,7 @@ class ChunkExecutor:
     ) -> None:
         self.source, self.store, self.merge = source, store, merge
         self.stream, self.watermark, self.worker = stream, watermark, worker
+        self._schemas: dict[TableId, TableSchema] = {}  # as described after the last chunk
         if watermark == "table":
             source.ensure_watermark_table()  # type: ignore[attr-defined]
 
@@ -70,9 +74,56 @@ class ChunkExecutor:
         return None
 
     def run(self, chunk: Chunk, chunk_size: int) -> int:
-        """Execute a claimed chunk and register it with the merge; returns the rows selected."""
+        """Execute a claimed chunk and register it with the merge; returns the rows selected.
+
+        The table is described again once the window is closed: if its schema changed since the
+        last chunk, the ALTER may lie between the SELECT and the high watermark, where rows of
+        the old shape would land after the change, so the chunk is selected again. A changed
+        primary key fails the dump: its chunks and cursors are keyed on the old one.
+        """
         table = TableId.parse(chunk.table_name)
+        known = self._schemas.get(table) or self.source.describe(table)
+        for attempt in range(1, RESELECT_ATTEMPTS + 1):
+            rows = self._select_in_window(table, chunk, chunk_size)
+            schema = self.source.describe(table)
+            self._schemas[table] = schema
+            if schema.key != known.key:
+                self.merge.cancel_dump(chunk.dump_id)
+                reason = (
+                    f"the primary key of {table} changed from ({', '.join(known.key)}) to"
+                    f" ({', '.join(schema.key)}) during dump {chunk.dump_id}; dumps cannot follow"
+                    " a key change: run a new dump of the table"
+                )
+                self.store.fail(chunk.dump_id, reason)
+                log.error("%s", reason)
+                return 0
+            if schema == known:
+                break
+            log.info(
+                "chunk %s#%s of dump %s: the table's schema changed while it was selected;"
+                " selecting it again (attempt %d)",
+                table, chunk.seq, chunk.dump_id, attempt + 1,
+            )  # fmt: skip
+            self.merge.cancel_chunk(chunk.id)
+            known = schema
+        else:
+            raise DblogError(
+                f"the schema of {table} changed during each of {RESELECT_ATTEMPTS} selects of"
+                f" chunk #{chunk.seq}; retry once the ALTERs are done"
+            )
         limit = chunk_size
+        if chunk.keys is None and len(rows) == limit and to_json(rows[-1][0]) != chunk.upper_key:
+            # the page filled before the upper key (rows inserted since the cut, or a smaller
+            # chunk size): the rest of the range becomes its own chunk
+            self.store.split_chunk(chunk.id, to_json(rows[-1][0]))
+        self.store.mark_selected(chunk.id, len(rows))
+        log.info(
+            "chunk %s#%s of dump %s: %d rows selected", table, chunk.seq, chunk.dump_id, len(rows)
+        )
+        return len(rows)
+
+    def _select_in_window(self, table: TableId, chunk: Chunk, limit: int) -> list[tuple[Key, Row]]:
+        """Open the chunk's window in the merge, select its rows inside it, close the window."""
         select = self._selector(table, chunk, limit)
         if self.watermark == "table":
             low, high = str(uuid.uuid4()), str(uuid.uuid4())
@@ -98,15 +149,7 @@ class ChunkExecutor:
             self.merge.open_chunk(chunk.id, chunk.dump_id, table, window)
             self.merge.set_rows(chunk.id, rows)
             self.store.record_window(chunk.id, {"type": "snapshot"})
-        if chunk.keys is None and len(rows) == limit and to_json(rows[-1][0]) != chunk.upper_key:
-            # the page filled before the upper key (rows inserted since the cut, or a smaller
-            # chunk size): the rest of the range becomes its own chunk
-            self.store.split_chunk(chunk.id, to_json(rows[-1][0]))
-        self.store.mark_selected(chunk.id, len(rows))
-        log.info(
-            "chunk %s#%s of dump %s: %d rows selected", table, chunk.seq, chunk.dump_id, len(rows)
-        )
-        return len(rows)
+        return rows
 
     def _selector(self, table: TableId, chunk: Chunk, limit: int) -> Any:
         if chunk.keys is not None:

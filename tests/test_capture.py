@@ -21,7 +21,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 from services import restart_local_service
-from workload import Db, db_for, load, source_rows, writers
+from workload import Db, db_for, execute, load, source_rows, writers
 
 from airflow_dblog.capture import Capture
 from airflow_dblog.cli import main as dblog
@@ -360,3 +360,81 @@ def test_a_source_restart_mid_dump_loses_nothing(
     for event in sink.received:
         assert event.key not in last or last[event.key] < event.position, event
         last[event.key] = event.position
+
+
+def _alter_after_first_select(
+    monkeypatch: pytest.MonkeyPatch, capture: Capture, db: Db, ddl: str
+) -> None:
+    """Run ``ddl`` right after the first chunk SELECT returns, before its high watermark:
+    the one moment a real ALTER can straddle a chunk, made certain."""
+    source = capture.executor.source
+    select_range = source.select_range
+    done: list[bool] = []
+
+    def select_then_alter(*args: Any, **kwargs: Any) -> Any:
+        rows = select_range(*args, **kwargs)
+        if not done:
+            done.append(True)
+            execute(db, ddl)
+        return rows
+
+    monkeypatch.setattr(source, "select_range", select_then_alter)
+
+
+@pytest.mark.parametrize("change", ["add", "drop"])
+@pytest.mark.parametrize("kind", ["mysql", "postgres"])
+def test_a_chunk_straddling_an_alter_is_selected_again(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    kind: str,
+    change: str,
+) -> None:
+    """ADD/DROP COLUMN between a chunk's SELECT and its high watermark: rows of the old shape
+    would land after the change; the chunk is selected again and the output has the new shape."""
+    db = db_for(request, kind)
+    load(db, rows=1_000)
+    config = _config(db, "table", tmp_path)
+    store = MetadataStore(config.metadata_url)
+    sink = MemorySink()
+    capture = _open(config, store, sink)
+    if change == "add":
+        ddl, columns = "ADD COLUMN extra int NOT NULL DEFAULT 7", ("a", "b", "v", "note", "extra")
+    else:
+        ddl, columns = "DROP COLUMN note", ("a", "b", "v")
+    _alter_after_first_select(monkeypatch, capture, db, f"ALTER TABLE {db.quoted()} {ddl}")
+    caplog.set_level(logging.INFO, logger="airflow_dblog.chunk_executor")
+    dump_id = plan_dump(config, store, requested_by="test")
+    _run_until(capture, lambda: store.progress(dump_id).state == "done", 300)
+    _drain(capture)
+    capture.close()
+    assert sink.rows(db.table()) == source_rows(db, columns)
+    assert "schema changed while it was selected; selecting it again" in caplog.text
+
+
+@pytest.mark.parametrize("kind", ["mysql", "postgres"])
+def test_a_primary_key_change_mid_dump_fails_the_dump_with_the_reason(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    db = db_for(request, kind)
+    load(db, rows=1_000)
+    config = _config(db, "table", tmp_path)
+    store = MetadataStore(config.metadata_url)
+    capture = _open(config, store, MemorySink())
+    if kind == "mysql":
+        ddl = f"ALTER TABLE {db.quoted()} DROP PRIMARY KEY, ADD PRIMARY KEY (a, b, v)"
+    else:
+        ddl = (
+            f"ALTER TABLE {db.quoted()} DROP CONSTRAINT {db.table().table}_pkey,"
+            " ADD PRIMARY KEY (a, b, v)"
+        )
+    _alter_after_first_select(monkeypatch, capture, db, ddl)
+    dump_id = plan_dump(config, store, requested_by="test")
+    _run_until(capture, lambda: store.dump(dump_id).state == "failed", 120)
+    capture.close()
+    reason = store.dump(dump_id).reason or ""
+    assert "\n" not in reason
+    assert f"primary key of {db.table()} changed from (a, b) to (a, b, v)" in reason
+    assert "run a new dump of the table" in reason
+    assert store.progress(dump_id).chunks_done == 0

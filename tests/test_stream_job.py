@@ -357,15 +357,17 @@ def test_standbys_take_over_a_dead_or_frozen_leader_and_the_old_one_writes_nothi
                 s.stop()
 
 
+@pytest.mark.parametrize("kind", ["mysql", "postgres"])
 def test_a_column_added_while_streaming_reaches_delta_and_a_dump_fills_old_rows(
     request: pytest.FixtureRequest,
     tmp_path: Path,
     spark: Any,
     stream_factory: Callable[[Path], Stream],
+    kind: str,
 ) -> None:
     """ALTER TABLE ADD COLUMN under writes: Delta gains the column from the next change that
     carries it; rows the ALTER filled without a log event get it from a dump."""
-    db = db_for(request, "mysql")
+    db = db_for(request, kind)
     load(db, rows=5_000)
     config_path = _write_config(db, tmp_path, chunk_size=500)
     config = load_config(config_path)

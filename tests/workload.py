@@ -41,7 +41,7 @@ class Db:
         return f"`{self.schema}`.`items`" if self.kind == "mysql" else f'"{self.schema}"."items"'
 
 
-def _execute(db: Db, sql: str, params: list[tuple[Any, ...]] | tuple[Any, ...] = ()) -> None:
+def execute(db: Db, sql: str, params: list[tuple[Any, ...]] | tuple[Any, ...] = ()) -> None:
     conn = db.connect()
     try:
         with conn.cursor() as cur:
@@ -56,16 +56,16 @@ def _execute(db: Db, sql: str, params: list[tuple[Any, ...]] | tuple[Any, ...] =
 
 def load(db: Db, rows: int = ROWS) -> None:
     text = "varchar(16)" if db.kind == "mysql" else "text"
-    _execute(
+    execute(
         db,
         f"CREATE TABLE {db.quoted()} (a int NOT NULL, b {text} NOT NULL, v int NOT NULL, "
         f"note {text}, PRIMARY KEY (a, b))",
     )
     if db.kind == "postgres":
-        _execute(db, f"ALTER TABLE {db.quoted()} REPLICA IDENTITY FULL")
+        execute(db, f"ALTER TABLE {db.quoted()} REPLICA IDENTITY FULL")
     seed = [(a, f"k{a % 7}", 0, "seed") for a in range(rows)]
     for i in range(0, rows, 5000):
-        _execute(db, f"INSERT INTO {db.quoted()} VALUES (%s, %s, %s, %s)", seed[i : i + 5000])
+        execute(db, f"INSERT INTO {db.quoted()} VALUES (%s, %s, %s, %s)", seed[i : i + 5000])
 
 
 def source_rows(

@@ -103,12 +103,14 @@ class DeltaSink:
     def _follow_schema(self, table: TableId, columns: Collection[str]) -> None:
         """Add the columns an ALTER TABLE added at the source; refuse a changed primary key.
 
-        Dropped columns stay in Delta (later rows leave them null): Delta keeps history, and
-        dropping would need column mapping on every reader.
+        The source is described at every batch that touches the table (a few catalog queries
+        next to a MERGE of seconds), so a key change stops the stream at the first batch after
+        it, before rows keyed the new way reach a table keyed the old way. Dropped columns stay
+        in Delta (later rows leave them null): Delta keeps history, and dropping would need
+        column mapping on every reader.
         """
         schema = self.schemas[table]
-        known = {c.name for c in schema.columns}
-        if self.describe is None or not set(columns) - known:
+        if self.describe is None:
             return
         current = self.describe(table)
         if current.key != schema.key:
@@ -117,11 +119,14 @@ class DeltaSink:
                 f" ({', '.join(current.key)}) while streaming; Delta rows are keyed by the old one",
                 "stop the stream, point sinks.delta.path elsewhere and run a full dump",
             )
+        known = {c.name for c in schema.columns}
+        added = [c for c in current.columns if c.name not in known]
+        if not added:
+            return
         from delta.tables import DeltaTable
 
-        added = [c for c in current.columns if c.name not in known]
         path = self.table_path(table)
-        if added and DeltaTable.isDeltaTable(self.spark, path):
+        if DeltaTable.isDeltaTable(self.spark, path):
             ddl = ", ".join(f"{quoted(c.name)} {spark_type(c).simpleString()}" for c in added)
             self.spark.sql(f"ALTER TABLE delta.{quoted(path)} ADD COLUMNS ({ddl})")
             log.info("%s: source added columns %s; added to Delta", table, [c.name for c in added])

@@ -721,7 +721,7 @@ class PostgresSource:
         return info
 
     def describe(self, table: TableId) -> TableSchema:
-        return self.table_info(table).schema
+        return self.table_info(table, refresh=True).schema
 
     def _key(self, table: TableId) -> tuple[str, ...]:
         return self.table_info(table).schema.key
@@ -800,7 +800,6 @@ class PostgresSource:
         """``SELECT cols FROM t WHERE (key) > (lower) AND (key) <= (upper) ORDER BY key ...``."""
         info = self.table_info(table)
         key = info.schema.key
-        cols = list(columns) if columns is not None else list(info.columns)
         where: list[sql.Composable] = []
         params: list[Any] = []
         if lower is not None:
@@ -811,7 +810,10 @@ class PostgresSource:
             params.extend(check_arity(table, key, upper))
         direction = sql.SQL(" DESC" if descending else "")
         query = sql.SQL("SELECT {cols} FROM {table}{where} ORDER BY {order}").format(
-            cols=sql.SQL(", ").join(map(sql.Identifier, cols)),
+            # ``*``: a chunk SELECT must not name a column an ALTER just dropped
+            cols=sql.SQL("*")
+            if columns is None
+            else sql.SQL(", ").join(map(sql.Identifier, columns)),
             table=self._ident(table),
             where=sql.SQL(" WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL(""),
             order=sql.SQL(", ").join(sql.Identifier(k) + direction for k in key),
@@ -831,10 +833,7 @@ class PostgresSource:
         params: list[Any] = []
         for k in keys:
             params.extend(check_arity(table, key, k))
-        query = sql.SQL(
-            "SELECT {cols} FROM {table} WHERE {row} IN ({values}) ORDER BY {order}"
-        ).format(
-            cols=sql.SQL(", ").join(map(sql.Identifier, info.columns)),
+        query = sql.SQL("SELECT * FROM {table} WHERE {row} IN ({values}) ORDER BY {order}").format(
             table=self._ident(table),
             row=self._row(key),
             values=sql.SQL(", ").join([self._params(len(key))] * len(keys)),
