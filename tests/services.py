@@ -377,9 +377,11 @@ def _local_servers() -> Servers:
     return Servers("local", get(mysql), get(postgres), get(zookeeper), get(kafka))
 
 
-def restart_local_service(name: str) -> None:
-    """Stop and start one of ``scripts/services.sh``'s services (fault tests)."""
+def restart_local_service(name: str, down_s: float = 0) -> None:
+    """Stop one of ``scripts/services.sh``'s services, wait ``down_s``, start it (fault tests)."""
     for command in ("down", "up"):
+        if command == "up":
+            time.sleep(down_s)
         subprocess.run(
             ["bash", str(SERVICES_SH), command, name],
             stdin=subprocess.DEVNULL,

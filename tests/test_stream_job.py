@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from services import read_committed
+from services import read_committed, restart_local_service
 from stream_process import Stream
 from workload import Db, db_for, load, source_rows, writers
 
@@ -43,6 +43,7 @@ def _write_config(
     kafka: str | None = None,
     signal_topic: str | None = None,
     zookeeper: str | None = None,
+    metadata_url: str | None = None,
 ) -> Path:
     path = tmp_path / "stream.yaml"
     name = f"st-{uuid.uuid4().hex[:8]}"
@@ -57,7 +58,7 @@ source:
   type: {db.kind}
   url: {db.url}
   tables: [{db.table()}]
-metadata: {{url: "sqlite:///{tmp_path}/meta.db"}}
+metadata: {{url: "{metadata_url or f"sqlite:///{tmp_path}/meta.db"}"}}
 dump: {{chunk_size: {chunk_size}, parallelism: 2, delay_ms: {delay_ms}}}
 sinks: {{delta: {{path: {tmp_path}/delta}}{kafka_sink}}}
 checkpoint: {tmp_path}/checkpoint
@@ -184,6 +185,69 @@ def test_stream_dump_into_delta_and_kafka_converges(
     assert store.progress(dump.id).rows_emitted > 0
     attempts = [c.attempts for c in store.chunks(dump.id)]
     assert max(attempts) <= (2 if kill else 1)
+
+
+@pytest.mark.parametrize("fault", ["kafka", "metadata"])
+def test_a_kafka_or_metadata_database_outage_mid_dump_loses_nothing(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    spark: Any,
+    kafka_server: Any,
+    stream_factory: Callable[[Path], Stream],
+    _servers: Any,
+    fault: str,
+) -> None:
+    """The Kafka broker, or the metadata database (PostgreSQL here), stops for 15 s mid-dump
+    and comes back, writers running: the stream rides it out or exits with one line; either
+    way, once (re)started, Delta and read_committed Kafka equal the source, no change twice."""
+    if _servers.backend != "local":
+        pytest.skip("restarts the local services only (a container's mapped port would change)")
+    db = db_for(request, "mysql")
+    load(db)
+    metadata_url = (
+        request.getfixturevalue("postgres_db").sqlalchemy_url if fault == "metadata" else None
+    )
+    config_path = _write_config(
+        db,
+        tmp_path,
+        chunk_size=500,
+        delay_ms=600,
+        kafka=kafka_server.bootstrap_servers,
+        metadata_url=metadata_url,
+    )
+    config = load_config(config_path)
+    store = MetadataStore(config.metadata_url)
+    stream = stream_factory(config_path)
+    stream.start()
+    stream.wait_capturing()
+    with writers(db, pause_s=WRITER_PAUSE_S):
+        log = Path(_table_path(config, db)) / "_delta_log"
+        _until("the writers' first changes in Delta", log.exists, 180, stream)
+        assert dblog(["dump", "-c", str(config_path), "--all"]) == 0
+        (dump,) = store.dumps(config.name)
+        _until("a chunk", lambda: store.progress(dump.id).chunks_done >= 2, 300, stream)
+        restart_local_service("kafka" if fault == "kafka" else "postgres", down_s=15)
+        assert dblog(["set", "-c", str(config_path), "--delay-ms", "0"]) == 0
+        exits = 0
+        deadline = time.monotonic() + 600
+        while store.progress(dump.id).state != "done":
+            assert stream.proc is not None
+            if stream.proc.poll() is not None:  # what a supervisor does
+                exits += 1
+                assert exits == 1, "the restarted stream exited again"
+                stream.start()
+            assert time.monotonic() < deadline, "timed out waiting for the dump"
+            time.sleep(0.5)
+        time.sleep(2)
+    _check_outputs(spark, kafka_server.bootstrap_servers, config, db, stream)
+    assert stream.stop() == 0
+    errors = [line for line in stream.log.read_text().splitlines() if "dblog: error:" in line]
+    print(f"{fault} outage of 15 s: the stream exited {exits} time(s): {errors}")
+    if fault == "kafka":
+        assert exits == 0, errors  # the producer reconnects; the commit waits for the broker
+    else:
+        assert exits == 1 and len(errors) == 1
+        assert "the metadata database postgresql" in errors[0] and ":***@" in errors[0]
 
 
 def _check_outputs(spark: Any, servers: str, config: Config, db: Db, stream: Stream) -> None:

@@ -170,10 +170,19 @@ class MetadataStore:
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        with self._sessions.begin() as session:
-            if self.fence is not None:
-                self._check_fence(session, self.fence)
-            yield session
+        """One transaction; a database that went away is one line, not a driver traceback."""
+        try:
+            with self._sessions.begin() as session:
+                if self.fence is not None:
+                    self._check_fence(session, self.fence)
+                yield session
+        except OperationalError as err:
+            raise MetadataError(
+                f"the metadata database {redact(self.url)} failed: "
+                f"{str(err.orig).strip().splitlines()[0]}",
+                "check that it is running; a stopped stream continues from its last commit"
+                " when started again",
+            ) from None
 
     @staticmethod
     def _check_fence(s: Session, fence: Fence) -> None:

@@ -6,10 +6,12 @@ tombstone (null value) follows each delete so compacted topics forget the key.
 
 Every micro-batch is one Kafka transaction of a producer whose ``transactional.id`` is the
 stream's: a consumer with ``isolation.level=read_committed`` sees a batch completely or not at
-all, and a restarted job fences off the old producer. The batch id is committed in the same
-transaction, as the offset of consumer group ``dblog-<stream>-kafka-sink`` on the marker topic
-``<prefix>.__dblog_batches``: a replayed batch whose id is already there is skipped, so a
-crash between Kafka's commit and Spark's does not write the batch twice.
+all, and a restarted job fences off the old producer. The batch id is written in the same
+transaction, as a message on the stream's own marker topic ``<prefix>.__dblog_batches.<stream>``
+(compacted, one partition, written only by this producer): a replayed batch whose id is already
+there is skipped, so a crash between Kafka's commit and Spark's does not write the batch twice.
+(A marker message, not a consumer-group offset via ``send_offsets_to_transaction``: librdkafka
+can block in that call past its timeout when the group coordinator restarts.)
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TIMEOUT_S = 30.0
+COMMIT_ATTEMPTS = 3  # a commit that timed out (broker restarting) may be retried
 CONNECTORS = {"mysql": "mysql", "postgres": "postgresql"}
 
 
@@ -81,7 +84,11 @@ def envelope(
     return _json(key), _json(value)
 
 
-def ensure_topics(bootstrap_servers: str, partitions: Mapping[str, int]) -> None:
+def ensure_topics(
+    bootstrap_servers: str,
+    partitions: Mapping[str, int],
+    configs: Mapping[str, Mapping[str, str]] | None = None,
+) -> None:
     """Create the topics that do not exist yet (broker-default replication)."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -95,7 +102,9 @@ def ensure_topics(bootstrap_servers: str, partitions: Mapping[str, int]) -> None
             "check that the brokers are up",
         ) from None
     missing = [
-        NewTopic(t, n, replication_factor=-1) for t, n in partitions.items() if t not in existing
+        NewTopic(t, n, replication_factor=-1, config=dict((configs or {}).get(t, {})))
+        for t, n in partitions.items()
+        if t not in existing
     ]
     if not missing:
         return
@@ -129,9 +138,8 @@ class KafkaSink:
 
         self.config, self.stream, self.source_kind = config, stream, source_kind
         self.schemas = dict(schemas)
-        self.marker_topic = f"{config.topic_prefix}.__dblog_batches"
+        self.marker_topic = f"{config.topic_prefix}.__dblog_batches.{stream}"
         common = {"bootstrap.servers": config.bootstrap_servers}
-        self.group = f"dblog-{stream}-kafka-sink"
         self._ensure_topics()
         self.producer = Producer(
             {
@@ -146,11 +154,12 @@ class KafkaSink:
         self._call(
             "initialise the transactional producer", self.producer.init_transactions, TIMEOUT_S
         )
-        self.consumer = Consumer(
+        self.consumer = Consumer(  # reads the marker topic back; joins no group
             {
                 **common,
-                "group.id": self.group,
+                "group.id": f"dblog-{stream}-kafka-sink",
                 "enable.auto.commit": False,
+                "enable.partition.eof": True,
                 "isolation.level": "read_committed",
             }
         )
@@ -158,17 +167,58 @@ class KafkaSink:
 
     def committed_batch(self) -> int:
         """The last batch id this sink committed (-1 if none)."""
+        if self._committed is None:
+            self._committed = self._last_marker()
+        return self._committed
+
+    def _last_marker(self) -> int:
+        """The newest committed marker's batch id, read backwards in growing windows.
+
+        ``init_transactions`` has aborted whatever the previous producer left open, so the
+        partition is readable to its end; aborted markers are invisible under read_committed.
+        """
         from confluent_kafka import TopicPartition
 
-        if self._committed is None:
-            (tp,) = self._call(
-                "read the committed batch id",
-                self.consumer.committed,
-                [TopicPartition(self.marker_topic, 0)],
-                TIMEOUT_S,
-            )
-            self._committed = tp.offset - 1 if tp.offset >= 0 else -1
-        return self._committed
+        tp = TopicPartition(self.marker_topic, 0)
+        low, end = self._call(
+            "read the batch marker's offsets", self.consumer.get_watermark_offsets, tp, TIMEOUT_S
+        )
+        window = 16
+        while end > low:
+            start = max(low, end - window)
+            found = self._read_markers(start, end)
+            if found is not None:
+                return found
+            end, window = start, window * 4
+        return -1
+
+    def _read_markers(self, start: int, end: int) -> int | None:
+        from confluent_kafka import KafkaError, TopicPartition
+
+        self.consumer.assign([TopicPartition(self.marker_topic, 0, start)])
+        found: int | None = None
+        try:
+            while True:
+                msg = self.consumer.poll(TIMEOUT_S)
+                if msg is None:
+                    raise KafkaSinkError(
+                        f"Kafka at {self.config.bootstrap_servers} did not return the batch"
+                        f" marker topic {self.marker_topic} within {TIMEOUT_S:.0f} s",
+                        "check that the brokers are up",
+                    )
+                if msg.error() is not None:
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        return found
+                    raise KafkaSinkError(
+                        f"Kafka at {self.config.bootstrap_servers} could not read the batch"
+                        f" marker topic {self.marker_topic}: {msg.error()}",
+                        "check that the brokers are up and the stream's user may read it",
+                    )
+                if msg.offset() >= end:
+                    return found
+                found = int(json.loads(msg.value())["batch_id"])
+        finally:
+            self.consumer.unassign()
 
     def write_frame(self, batch_id: int, events: DataFrame, tables: Collection[str] = ()) -> None:
         if batch_id <= self.committed_batch():
@@ -181,23 +231,14 @@ class KafkaSink:
 
     def write_rows(self, batch_id: int, rows: Iterable[Mapping[str, Any]]) -> int:
         """One transaction: every event of the batch, then the batch id; returns messages sent."""
-        from confluent_kafka import TopicPartition
-
         self._call("begin a transaction", self.producer.begin_transaction)
         sent = 0
         try:
             for topic, key, value in self._messages(rows):
                 self._produce(topic, key, value)
                 sent += 1
-            offsets = [TopicPartition(self.marker_topic, 0, batch_id + 1)]
-            self._call(
-                "commit the batch id",
-                self.producer.send_offsets_to_transaction,
-                offsets,
-                self.consumer.consumer_group_metadata(),
-                TIMEOUT_S,
-            )
-            self._call("commit the transaction", self.producer.commit_transaction, TIMEOUT_S)
+            self._produce(self.marker_topic, self.stream.encode(), _json({"batch_id": batch_id}))
+            self._commit()
         except BaseException:
             try:
                 self.producer.abort_transaction(TIMEOUT_S)
@@ -206,6 +247,23 @@ class KafkaSink:
             raise
         self._committed = batch_id
         return sent
+
+    def _commit(self) -> None:
+        from confluent_kafka import KafkaException
+
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                self.producer.commit_transaction(TIMEOUT_S)
+                return
+            except KafkaException as err:
+                if attempt == COMMIT_ATTEMPTS or not err.args[0].retriable():
+                    raise KafkaSinkError(
+                        f"Kafka at {self.config.bootstrap_servers} could not commit the"
+                        f" transaction: {err.args[0]}",
+                        "check that the brokers are up and the stream's user may write"
+                        " transactions",
+                    ) from None
+                log.warning("kafka: commit attempt %d failed, retrying: %s", attempt, err.args[0])
 
     def _messages(
         self, rows: Iterable[Mapping[str, Any]]
@@ -232,7 +290,11 @@ class KafkaSink:
         partitions = {
             topic_name(self.config.topic_prefix, t): self.config.partitions for t in self.schemas
         }
-        ensure_topics(self.config.bootstrap_servers, {self.marker_topic: 1, **partitions})
+        ensure_topics(
+            self.config.bootstrap_servers,
+            {self.marker_topic: 1, **partitions},
+            {self.marker_topic: {"cleanup.policy": "compact"}},
+        )
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         from confluent_kafka import KafkaException
@@ -246,5 +308,10 @@ class KafkaSink:
             ) from None
 
     def close(self) -> None:
-        self.producer.flush(TIMEOUT_S)
+        from confluent_kafka import KafkaException
+
+        try:
+            self.producer.flush(TIMEOUT_S)
+        except KafkaException as err:  # a fenced or failed producer: nothing left to deliver
+            log.warning("kafka: closing the producer: %s", err.args[0])
         self.consumer.close()

@@ -118,6 +118,10 @@ def test_a_failed_batch_leaves_nothing_visible(kafka_server: Any, sink_factory: 
         kafka_server.bootstrap_servers, topic_name(sink.config.topic_prefix, TABLE)
     )
     assert [k["a"] for k, _ in messages] == [3]
+    for batch_id in range(1, 21):  # 20 aborted markers: more than the first window read back
+        with pytest.raises(OSError):
+            sink.write_rows(batch_id, broken())
+    assert sink_factory(stream=sink.stream).committed_batch() == 0
 
 
 @pytest.mark.parametrize(
