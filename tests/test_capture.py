@@ -8,20 +8,19 @@ the output gives exactly the source table, and no key's positions ever go backwa
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote
 
 import pytest
 from services import restart_local_service
-from workload import Db, db_for, execute, load, source_rows, writers
+from workload import Db, db_for, execute, load, restricted_user, source_rows, writers
 
 from airflow_dblog.capture import Capture
 from airflow_dblog.cli import main as dblog
@@ -152,36 +151,6 @@ LEAST_PRIVILEGE = {
 }
 
 
-@contextlib.contextmanager
-def _restricted_user(db: Db, grants: list[str]) -> Iterator[Db]:
-    """A user with exactly ``grants`` and password SECRET; the same database through it."""
-    name = f"dblog_lp_{uuid.uuid4().hex[:8]}"
-    admin = db.connect()
-    with admin.cursor() as cur:
-        if db.kind == "mysql":
-            user = f"'{name}'@'%'"
-            cur.execute(f"CREATE USER '{name}'@'%%' IDENTIFIED BY %s", (SECRET,))
-        else:
-            user = name
-            cur.execute(f"CREATE ROLE {name} LOGIN REPLICATION PASSWORD %s", (SECRET,))
-        for grant in grants:
-            cur.execute(grant.format(db=db.schema, user=user))
-    admin.commit()
-    parts = urlsplit(db.url)
-    netloc = f"{name}:{quote(SECRET, safe='')}@{parts.hostname}:{parts.port}"
-    try:
-        yield dataclasses.replace(db, url=urlunsplit(parts._replace(netloc=netloc)))
-    finally:
-        with admin.cursor() as cur:
-            if db.kind == "mysql":
-                cur.execute(f"DROP USER {user}")
-            else:
-                cur.execute(f"DROP OWNED BY {name}")
-                cur.execute(f"DROP ROLE {name}")
-        admin.commit()
-        admin.close()
-
-
 @pytest.mark.parametrize(
     ("kind", "watermark"), list(LEAST_PRIVILEGE), ids=[f"{k}-{w}" for k, w in LEAST_PRIVILEGE]
 )
@@ -199,7 +168,7 @@ def test_least_privilege_capture_and_no_password_in_any_output(
     load(db)
     admin_source = open_source(_config(db, "table", tmp_path))
     admin_source.ensure_watermark_table()  # an administrator creates it; the user only writes
-    with _restricted_user(db, LEAST_PRIVILEGE[(kind, watermark)]) as restricted:
+    with restricted_user(db, LEAST_PRIVILEGE[(kind, watermark)], SECRET) as restricted:
         config = _config(restricted, watermark, tmp_path)
         config = dataclasses.replace(config, dump=dataclasses.replace(config.dump, chunk_size=2000))
         store = MetadataStore(config.metadata_url)
@@ -245,7 +214,7 @@ def test_a_missing_replication_grant_is_named(
 ) -> None:
     db = db_for(request, "mysql")
     load(db)
-    with _restricted_user(db, ["GRANT SELECT ON `{db}`.* TO {user}"]) as restricted:
+    with restricted_user(db, ["GRANT SELECT ON `{db}`.* TO {user}"], SECRET) as restricted:
         config = _config(restricted, "gtid", tmp_path)
         with pytest.raises(DblogError, match="GRANT REPLICATION SLAVE, REPLICATION CLIENT") as err:
             capture = _open(config, MetadataStore(config.metadata_url), MemorySink())

@@ -8,13 +8,16 @@ deletes) until the block ends; ``source_rows`` reads the table back for comparis
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
@@ -148,3 +151,33 @@ def db_for(request: pytest.FixtureRequest, kind: str) -> Db:
         return Db("mysql", mysql.url, mysql.name, mysql.connect)
     pg = request.getfixturevalue("postgres_db")
     return Db("postgres", pg.url, "public", pg.connect)
+
+
+@contextlib.contextmanager
+def restricted_user(db: Db, grants: list[str], password: str) -> Iterator[Db]:
+    """A user with exactly ``grants`` (``{db}``, ``{user}`` filled in); ``db`` through it."""
+    name = f"dblog_lp_{uuid.uuid4().hex[:8]}"
+    admin = db.connect()
+    with admin.cursor() as cur:
+        if db.kind == "mysql":
+            user = f"'{name}'@'%'"
+            cur.execute(f"CREATE USER '{name}'@'%%' IDENTIFIED BY %s", (password,))
+        else:
+            user = name
+            cur.execute(f"CREATE ROLE {name} LOGIN REPLICATION PASSWORD %s", (password,))
+        for grant in grants:
+            cur.execute(grant.format(db=db.schema, user=user))
+    admin.commit()
+    parts = urlsplit(db.url)
+    netloc = f"{name}:{quote(password, safe='')}@{parts.hostname}:{parts.port}"
+    try:
+        yield dataclasses.replace(db, url=urlunsplit(parts._replace(netloc=netloc)))
+    finally:
+        with admin.cursor() as cur:
+            if db.kind == "mysql":
+                cur.execute(f"DROP USER {user}")
+            else:
+                cur.execute(f"DROP OWNED BY {name}")
+                cur.execute(f"DROP ROLE {name}")
+        admin.commit()
+        admin.close()
