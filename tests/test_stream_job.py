@@ -75,6 +75,23 @@ spark:
     return path
 
 
+def _live_stream(
+    config_path: Path, stream_factory: Callable[[Path], Stream]
+) -> tuple[Config, MetadataStore, Stream]:
+    """The config, its metadata store, and the stream started and capturing the log."""
+    config = load_config(config_path)
+    store = MetadataStore(config.metadata_url)
+    stream = stream_factory(config_path)
+    stream.start()
+    stream.wait_capturing()
+    return config, store, stream
+
+
+def _until_first_changes_in_delta(config: Config, db: Db, stream: Stream) -> None:
+    log = Path(_table_path(config, db)) / "_delta_log"
+    _until("the writers' first changes in Delta", log.exists, 180, stream)
+
+
 def _until(what: str, done: Callable[[], bool], timeout_s: float, stream: Stream) -> None:
     deadline = time.monotonic() + timeout_s
     while not done():
@@ -161,14 +178,9 @@ def test_stream_dump_into_delta_and_kafka_converges(
         delay_ms=600 if kill else 0,
         kafka=kafka_server.bootstrap_servers,
     )
-    config = load_config(config_path)
-    store = MetadataStore(config.metadata_url)
-    stream = stream_factory(config_path)
-    stream.start()
-    stream.wait_capturing()
+    config, store, stream = _live_stream(config_path, stream_factory)
     with writers(db, pause_s=WRITER_PAUSE_S) as counts:
-        log = Path(_table_path(config, db)) / "_delta_log"
-        _until("the writers' first changes in Delta", log.exists, 180, stream)
+        _until_first_changes_in_delta(config, db, stream)
         assert dblog(["dump", "-c", str(config_path), "--all"]) == 0
         (dump,) = store.dumps(config.name)
         if kill:
@@ -215,14 +227,9 @@ def test_a_kafka_or_metadata_database_outage_mid_dump_loses_nothing(
         kafka=kafka_server.bootstrap_servers,
         metadata_url=metadata_url,
     )
-    config = load_config(config_path)
-    store = MetadataStore(config.metadata_url)
-    stream = stream_factory(config_path)
-    stream.start()
-    stream.wait_capturing()
+    config, store, stream = _live_stream(config_path, stream_factory)
     with writers(db, pause_s=WRITER_PAUSE_S):
-        log = Path(_table_path(config, db)) / "_delta_log"
-        _until("the writers' first changes in Delta", log.exists, 180, stream)
+        _until_first_changes_in_delta(config, db, stream)
         assert dblog(["dump", "-c", str(config_path), "--all"]) == 0
         (dump,) = store.dumps(config.name)
         _until("a chunk", lambda: store.progress(dump.id).chunks_done >= 2, 300, stream)
@@ -289,11 +296,7 @@ def test_live_controls_and_signals_reach_the_running_stream(
     config_path = _write_config(
         db, tmp_path, chunk_size=200, delay_ms=300, kafka=servers, signal_topic=kafka_topic
     )
-    config = load_config(config_path)
-    store = MetadataStore(config.metadata_url)
-    stream = stream_factory(config_path)
-    stream.start()
-    stream.wait_capturing()
+    config, store, stream = _live_stream(config_path, stream_factory)
     c = str(config_path)
     assert dblog(["dump", "-c", c, "--all"]) == 0
     (dump,) = store.dumps(config.name)
@@ -434,14 +437,9 @@ def test_a_column_added_while_streaming_reaches_delta_and_a_dump_fills_old_rows(
     db = db_for(request, kind)
     load(db, rows=5_000)
     config_path = _write_config(db, tmp_path, chunk_size=500)
-    config = load_config(config_path)
-    store = MetadataStore(config.metadata_url)
-    stream = stream_factory(config_path)
-    stream.start()
-    stream.wait_capturing()
+    config, store, stream = _live_stream(config_path, stream_factory)
     with writers(db, pause_s=WRITER_PAUSE_S):
-        log = Path(_table_path(config, db)) / "_delta_log"
-        _until("the writers' first changes in Delta", log.exists, 180, stream)
+        _until_first_changes_in_delta(config, db, stream)
         conn = db.connect()
         with conn.cursor() as cur:
             cur.execute(f"ALTER TABLE {db.quoted()} ADD COLUMN extra int NOT NULL DEFAULT 7")
