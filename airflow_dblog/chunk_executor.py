@@ -111,8 +111,11 @@ class ChunkExecutor:
                 f"the schema of {table} changed during each of {RESELECT_ATTEMPTS} selects of"
                 f" chunk #{chunk.seq}; retry once the ALTERs are done"
             )
-        limit = chunk_size
-        if chunk.keys is None and len(rows) == limit and to_json(rows[-1][0]) != chunk.upper_key:
+        if (
+            chunk.keys is None
+            and len(rows) == chunk_size
+            and to_json(rows[-1][0]) != chunk.upper_key
+        ):
             # the page filled before the upper key (rows inserted since the cut, or a smaller
             # chunk size): the rest of the range becomes its own chunk
             self.store.split_chunk(chunk.id, to_json(rows[-1][0]))

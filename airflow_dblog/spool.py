@@ -137,19 +137,13 @@ class Spool:
 
     @staticmethod
     def _write(tmp: Path, seq: int, events: Sequence[ChangeEvent], footer: dict[str, Any]) -> None:
-        columns: dict[str, set[str]] = {}  # the sinks learn of added columns from these
+        tables: set[str] = set()
         with open(tmp, "w", encoding="utf-8") as out:
             for event in events:
                 out.write(json.dumps(event_record(event), separators=(",", ":")))
                 out.write("\n")
-                image = event.after if event.after is not None else event.before
-                columns.setdefault(str(event.table), set()).update(image or ())
-            summary = {
-                "seq": seq,
-                "events": len(events),
-                "tables": sorted(columns),
-                "columns": {table: sorted(names) for table, names in columns.items()},
-            }
+                tables.add(str(event.table))
+            summary = {"seq": seq, "events": len(events), "tables": sorted(tables)}
             out.write(json.dumps({"footer": {**footer, **summary}}))
             out.write("\n")
             out.flush()

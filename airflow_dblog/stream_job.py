@@ -55,10 +55,8 @@ class FrameSink(Protocol):
 
     name: str
 
-    def write_frame(
-        self, batch_id: int, events: DataFrame, tables: Mapping[str, Collection[str]]
-    ) -> None:
-        """``tables``: ``db.table`` names with events in the batch -> the columns they carry."""
+    def write_frame(self, batch_id: int, events: DataFrame, tables: Collection[str]) -> None:
+        """``tables``: the ``db.table`` names with events in the batch."""
         ...
 
     def close(self) -> None: ...
@@ -72,8 +70,8 @@ def build_sinks(
 ) -> list[FrameSink]:
     """The sinks the config names, in the order a batch is written through them.
 
-    ``describe`` reads a table's current schema when a batch carries columns a sink has not
-    seen (ALTER TABLE ... ADD COLUMN while streaming).
+    ``describe`` reads a table's current schema at every batch that touches it (ALTER TABLE
+    while streaming: columns added, key changed).
     """
     sinks: list[FrameSink] = []
     if config.delta is not None:
@@ -95,7 +93,7 @@ class BatchCommitter:
         self.capture, self.sinks, self.spool = capture, list(sinks), spool
 
     def _write_sinks(
-        self, batch_id: int, events: DataFrame, tables: Mapping[str, Collection[str]]
+        self, batch_id: int, events: DataFrame, tables: Collection[str]
     ) -> dict[str, float]:
         """Every sink writes the batch at once, each in its own thread; returns seconds per sink.
 
@@ -145,10 +143,7 @@ class BatchCommitter:
                 .select("e.*")
             )
             count = sum(f["events"] for f in footers)
-            tables: dict[str, set[str]] = {}
-            for f in footers:
-                for table in f["tables"]:
-                    tables.setdefault(table, set()).update(f.get("columns", {}).get(table, ()))
+            tables = sorted({table for f in footers for table in f["tables"]})
             read_s = time.monotonic() - started
             sink_s = self._write_sinks(batch_id, events, tables) if count else {}
             self.capture.committed(footers)

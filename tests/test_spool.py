@@ -38,7 +38,6 @@ def test_segments_are_numbered_whole_files_with_the_footer_last(tmp_path: Path) 
         "seq": 0,
         "events": 2,
         "tables": ["db.t"],
-        "columns": {"db.t": ["id"]},  # the sinks learn of added columns from these
     }
     assert spool.footer(1)["closed"] == [{"chunk_id": 7}]
     assert not list(tmp_path.glob(".*.tmp"))  # nothing half-written is left behind

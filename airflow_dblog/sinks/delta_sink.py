@@ -89,18 +89,16 @@ class DeltaSink:
     def table_path(self, table: TableId) -> str:
         return f"{self.config.path.rstrip('/')}/{table.db}/{table.table}"
 
-    def write_frame(
-        self, batch_id: int, events: DataFrame, tables: Mapping[str, Collection[str]]
-    ) -> None:
+    def write_frame(self, batch_id: int, events: DataFrame, tables: Collection[str]) -> None:
         """Apply one batch of events (the spool's event frame) to every table it touches."""
-        for name, columns in tables.items():
+        for name in tables:
             table = TableId.parse(name)
-            self._follow_schema(table, columns)
+            self._follow_schema(table)
             self._merge(batch_id, table, events.where(events["table"] == name))
         for table in self.schemas:
             self._purge_tombstones(table)
 
-    def _follow_schema(self, table: TableId, columns: Collection[str]) -> None:
+    def _follow_schema(self, table: TableId) -> None:
         """Add the columns an ALTER TABLE added at the source; refuse a changed primary key.
 
         The source is described at every batch that touches the table (a few catalog queries

@@ -70,10 +70,7 @@ def _write(sink: DeltaSink, batch_id: int, events: list[ChangeEvent]) -> None:
     spark = sink.spark
     lines = spark.createDataFrame([(json.dumps(event_record(e)),) for e in events], "line string")
     frame = lines.selectExpr(f"from_json(line, '{EVENT_DDL}') AS e").select("e.*")
-    columns: dict[str, set[str]] = {}  # what the spool's footers say
-    for e in events:
-        columns.setdefault(str(e.table), set()).update(e.after or e.before or {})
-    sink.write_frame(batch_id, frame, columns)
+    sink.write_frame(batch_id, frame, {str(e.table) for e in events})
 
 
 def _state(sink: DeltaSink) -> dict[int, dict[str, Any]]:
