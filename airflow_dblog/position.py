@@ -43,7 +43,7 @@ class Position:
         return self.coords[:-1]
 
     def __str__(self) -> str:
-        return "-".join(str(c).zfill(_WIDTH) for c in self.coords)
+        return "-".join([f"{c:0{_WIDTH}d}" for c in self.coords])
 
     @classmethod
     def parse(cls, text: str) -> Position:

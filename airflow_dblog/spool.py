@@ -49,8 +49,14 @@ def plain_value(value: Any) -> Any:
     return str(value)
 
 
+_PLAIN_TYPES = frozenset({str, int, float, bool, type(None)})
+_encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder, not one per call
+
+
 def plain_row(row: Row | None) -> dict[str, Any] | None:
-    return None if row is None else {k: plain_value(v) for k, v in row.items()}
+    if row is None:
+        return None
+    return {k: v if type(v) in _PLAIN_TYPES else plain_value(v) for k, v in row.items()}
 
 
 def event_record(event: ChangeEvent) -> dict[str, Any]:
@@ -64,7 +70,7 @@ def event_record(event: ChangeEvent) -> dict[str, Any]:
     return {
         "table": str(event.table),
         "op": event.op,
-        "key": json.dumps([plain_value(v) for v in event.key], separators=(",", ":")),
+        "key": _encode([plain_value(v) for v in event.key]),
         "position": str(event.position),
         "before": plain_row(event.before),
         "after": plain_row(event.after),
@@ -140,7 +146,7 @@ class Spool:
         tables: set[str] = set()
         with open(tmp, "w", encoding="utf-8") as out:
             for event in events:
-                out.write(json.dumps(event_record(event), separators=(",", ":")))
+                out.write(_encode(event_record(event)))
                 out.write("\n")
                 tables.add(str(event.table))
             summary = {"seq": seq, "events": len(events), "tables": sorted(tables)}

@@ -129,19 +129,20 @@ class BatchCommitter:
 
         started = time.monotonic()
         self.capture.store.check_fence()
-        lines = lines.persist()
+        # parsed once and cached: every sink reads the same events, in spool (= log) order
+        parsed = lines.select(
+            "footer",
+            F.when(F.col("footer"), F.col("line")).alias("line"),
+            F.when(~F.col("footer"), F.from_json("line", EVENT_DDL)).alias("e"),
+        ).persist()
         try:
             footers = [
                 json.loads(r["line"])["footer"]
-                for r in lines.where("footer").select("line").collect()
+                for r in parsed.where("footer").select("line").collect()
             ]
             if not footers:
                 return
-            events = (
-                lines.where(~F.col("footer"))
-                .select(F.from_json("line", EVENT_DDL).alias("e"))
-                .select("e.*")
-            )
+            events = parsed.where(~F.col("footer")).select("e.*")
             count = sum(f["events"] for f in footers)
             tables = sorted({table for f in footers for table in f["tables"]})
             read_s = time.monotonic() - started
@@ -165,7 +166,7 @@ class BatchCommitter:
                     "".join(f", {name} {s:.1f} s" for name, s in sink_s.items()),
                 )
         finally:
-            lines.unpersist()
+            parsed.unpersist()
 
 
 class CaptureThread(threading.Thread):

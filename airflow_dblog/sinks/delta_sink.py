@@ -133,16 +133,11 @@ class DeltaSink:
         self.schemas[table] = replace(current, columns=(*current.columns, *kept))
 
     def _merge(self, batch_id: int, table: TableId, events: DataFrame) -> None:
-        from pyspark.sql import Window
         from pyspark.sql import functions as F
 
         schema = self.schemas[table]
-        latest = (
-            events.withColumn(
-                "_rn", F.row_number().over(Window.partitionBy("key").orderBy(F.desc("position")))
-            )
-            .where("_rn = 1")
-            .select(*self._columns(schema, events), F.col("unavailable").alias("_unavailable"))
+        latest = self._latest(events).select(
+            *self._columns(schema, events), F.col("unavailable").alias("_unavailable")
         )
         target = self._table(table)
         on = " AND ".join(f"t.{quoted(k)} <=> s.{quoted(k)}" for k in schema.key)
@@ -173,6 +168,15 @@ class DeltaSink:
         finally:
             conf.unset(_TXN_APP)
             conf.unset(_TXN_VERSION)
+
+    @staticmethod
+    def _latest(events: DataFrame) -> DataFrame:
+        """The newest event of each key in the batch: a MERGE takes one source row per key."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        newest_first = Window.partitionBy("key").orderBy(F.desc("position"))
+        return events.withColumn("_rn", F.row_number().over(newest_first)).where("_rn = 1")
 
     def _columns(self, schema: TableSchema, events: DataFrame) -> list[SparkColumn]:
         from pyspark.sql import functions as F

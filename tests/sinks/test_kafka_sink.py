@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,7 +13,7 @@ from services import read_committed
 from airflow_dblog.config import KafkaSinkConfig
 from airflow_dblog.events import ChangeEvent, TableId
 from airflow_dblog.position import Position
-from airflow_dblog.sinks.kafka_sink import KafkaSink, envelope, topic_name
+from airflow_dblog.sinks.kafka_sink import KafkaSink, message_frame, topic_name
 from airflow_dblog.sources.base import Column, TableSchema
 from airflow_dblog.spool import event_record
 from airflow_dblog.stream_job import EVENT_DDL
@@ -26,13 +26,15 @@ SCHEMA = TableSchema(
 )
 
 
-def _row(op: str, a: int, qty: int, offset: int) -> dict[str, Any]:
+def _row(
+    op: str, a: int, qty: int, offset: int, b: str = "x", key: tuple[str, ...] = ("a", "b")
+) -> dict[str, Any]:
     """An event as a row of the stream's event frame (row images and source as JSON text)."""
-    image = {"a": a, "b": "x", "qty": qty}
+    image = {"a": a, "b": b, "qty": qty}
     event = ChangeEvent(
         TABLE,
         op,  # type: ignore[arg-type]
-        (a, "x"),
+        tuple(image[c] for c in key),
         Position.mysql(1, offset),
         before=image if op in ("u", "d") else None,
         after=None if op == "d" else image,
@@ -45,6 +47,25 @@ def _row(op: str, a: int, qty: int, offset: int) -> dict[str, Any]:
     for field in ("before", "after", "source"):
         record[field] = None if record[field] is None else json.dumps(record[field])
     return record
+
+
+def _frame(spark: Any, rows: list[dict[str, Any]]) -> Any:
+    columns = [c.split()[0] for c in EVENT_DDL.split(",")]
+    return spark.createDataFrame([tuple(r[c] for c in columns) for r in rows], EVENT_DDL)
+
+
+def _messages(
+    spark: Any,
+    rows: list[dict[str, Any]],
+    mode: str = "NEW_AND_OLD_IMAGES",
+    kind: str = "mysql",
+    prefix: str = "p",
+    schema: TableSchema = SCHEMA,
+) -> list[tuple[Any, ...]]:
+    """The sink's messages for these rows (topics under ``prefix``)."""
+    config = KafkaSinkConfig("unused:9092", prefix, mode)
+    frame = message_frame(_frame(spark, rows), {TABLE: schema}, [str(TABLE)], "s", kind, config)
+    return [tuple(r) for r in frame.collect()]
 
 
 @pytest.fixture
@@ -63,11 +84,11 @@ def sink_factory(kafka_server: Any) -> Iterator[Any]:
 
 
 def test_batch_becomes_envelopes_with_a_tombstone_after_each_delete(
-    kafka_server: Any, sink_factory: Any
+    kafka_server: Any, sink_factory: Any, spark: Any
 ) -> None:
     sink = sink_factory()
     rows = [_row("r", 1, 5, 10), _row("u", 1, 6, 11), _row("c", 2, 1, 12), _row("d", 2, 1, 13)]
-    assert sink.write_rows(0, rows) == 5
+    assert sink.write_messages(0, _messages(spark, rows, prefix=sink.config.topic_prefix)) == 5
     messages = read_committed(
         kafka_server.bootstrap_servers, topic_name(sink.config.topic_prefix, TABLE)
     )
@@ -81,46 +102,44 @@ def test_batch_becomes_envelopes_with_a_tombstone_after_each_delete(
     assert updated["source"]["gtid"] == "0-1-5" and updated["source"]["connector"] == "mysql"
 
 
-def _frame(spark: Any, rows: list[dict[str, Any]]) -> Any:
-    columns = [c.split()[0] for c in EVENT_DDL.split(",")]
-    return spark.createDataFrame([tuple(r[c] for c in columns) for r in rows], EVENT_DDL)
-
-
 def test_replayed_batch_is_skipped_even_by_a_restarted_sink(
     kafka_server: Any, sink_factory: Any, spark: Any
 ) -> None:
     first = sink_factory(stream="replay")
-    first.write_rows(0, [_row("c", 1, 5, 10)])
-    first.write_rows(1, [_row("u", 1, 6, 11)])
+    first.write_frame(0, _frame(spark, [_row("c", 1, 5, 10)]), [str(TABLE)])
+    first.write_frame(1, _frame(spark, [_row("u", 1, 6, 11)]), [str(TABLE)])
     first.close()
     again = sink_factory(stream="replay")  # a new process: same transactional id, fences the old
     assert again.committed_batch() == 1
     topic = topic_name(again.config.topic_prefix, TABLE)
-    again.write_frame(1, _frame(spark, [_row("u", 1, 99, 50)]))
-    again.write_frame(2, _frame(spark, [_row("u", 1, 7, 12), _row("u", 1, 8, 13)]))
+    again.write_frame(1, _frame(spark, [_row("u", 1, 99, 50)]), [str(TABLE)])
+    again.write_frame(2, _frame(spark, [_row("u", 1, 7, 12), _row("u", 1, 8, 13)]), [str(TABLE)])
     values = [v["after"]["qty"] for _, v in read_committed(kafka_server.bootstrap_servers, topic)]
     assert values == [5, 6, 7, 8]
 
 
-def test_a_failed_batch_leaves_nothing_visible(kafka_server: Any, sink_factory: Any) -> None:
+def test_a_failed_batch_leaves_nothing_visible(
+    kafka_server: Any, sink_factory: Any, spark: Any
+) -> None:
     sink = sink_factory()
+    prefix = sink.config.topic_prefix
+    first_two = _messages(spark, [_row("c", 1, 5, 10), _row("c", 2, 5, 11)], prefix=prefix)
 
-    def broken() -> Iterator[Mapping[str, Any]]:
-        yield _row("c", 1, 5, 10)
-        yield _row("c", 2, 5, 11)
+    def broken() -> Iterator[tuple[Any, ...]]:
+        yield from first_two
         raise OSError("the spool disappeared")  # failure injection mid-batch
 
     with pytest.raises(OSError):
-        sink.write_rows(0, broken())
+        sink.write_messages(0, broken())
     assert sink.committed_batch() == -1
-    sink.write_rows(0, [_row("c", 3, 5, 12)])
+    sink.write_messages(0, _messages(spark, [_row("c", 3, 5, 12)], prefix=prefix))
     messages = read_committed(
         kafka_server.bootstrap_servers, topic_name(sink.config.topic_prefix, TABLE)
     )
     assert [k["a"] for k, _ in messages] == [3]
     for batch_id in range(1, 21):  # 20 aborted markers: more than the first window read back
         with pytest.raises(OSError):
-            sink.write_rows(batch_id, broken())
+            sink.write_messages(batch_id, broken())
     assert sink_factory(stream=sink.stream).committed_batch() == 0
 
 
@@ -133,12 +152,46 @@ def test_a_failed_batch_leaves_nothing_visible(kafka_server: Any, sink_factory: 
         ("KEYS_ONLY", {"a": 1, "b": "x"}, {"a": 1, "b": "x"}),
     ],
 )
-def test_image_modes(mode: str, before: Any, after: Any) -> None:
-    key, value = envelope(_row("u", 1, 6, 11), SCHEMA, "s", "mysql", mode)
-    assert json.loads(key) == {"a": 1, "b": "x"}
-    assert value is not None
+def test_image_modes(mode: str, before: Any, after: Any, spark: Any) -> None:
+    [(topic, key, value, tombstone)] = _messages(spark, [_row("u", 1, 6, 11)], mode)
+    assert (topic, json.loads(key), tombstone) == ("p.shop.items", {"a": 1, "b": "x"}, False)
     decoded = json.loads(value)
     assert (decoded["before"], decoded["after"]) == (before, after)
+
+
+@pytest.mark.parametrize("key_columns", [("a", "b"), ("b",)])
+@pytest.mark.parametrize(
+    "b", ['x,"y"]', "back\\slash", "ünï \u2603", "", "[1,2]", " null ", '{"k": ["v"]}']
+)
+def test_keys_and_envelope_are_exact_json_whatever_the_key_text(
+    b: str, key_columns: tuple[str, ...], spark: Any
+) -> None:
+    """The key object is cut from the spool's key array text: quotes, commas, brackets, escapes."""
+    row = _row("d", -7, 3, 20, b=b, key=key_columns)
+    row["source"] = json.dumps({"xid": 42, "pk_change": "deleted"})
+    schema = TableSchema(TABLE, SCHEMA.columns, key_columns)
+    [(_, key, value, tombstone)] = _messages(spark, [row], kind="postgres", schema=schema)
+    assert json.loads(key) == {c: {"a": -7, "b": b}[c] for c in key_columns} and tombstone
+    assert json.loads(value) == {
+        "before": {"a": -7, "b": b, "qty": 3},
+        "after": None,
+        "op": "d",
+        "ts_ms": 1020,
+        "source": {
+            "connector": "postgresql",
+            "name": "s",
+            "db": "shop",
+            "schema": "shop",
+            "table": "items",
+            "position": str(Position.mysql(1, 20)),
+            "ts_ms": 1020,
+            "snapshot": "false",
+            "dump_id": None,
+            "chunk_id": None,
+            "xid": 42,
+            "pk_change": "deleted",
+        },
+    }
 
 
 def test_spark_reads_the_topic_with_a_schema(
@@ -146,7 +199,8 @@ def test_spark_reads_the_topic_with_a_schema(
 ) -> None:
     """Consumers need nothing of ours: Spark's Kafka source plus a schema for the envelope."""
     sink = sink_factory()
-    sink.write_rows(0, [_row("c", 1, 5, 10), _row("u", 1, 6, 11), _row("d", 1, 6, 12)])
+    rows = [_row("c", 1, 5, 10), _row("u", 1, 6, 11), _row("d", 1, 6, 12)]
+    sink.write_frame(0, _frame(spark, rows), [str(TABLE)])
     topic = topic_name(sink.config.topic_prefix, TABLE)
     image = "a BIGINT, b STRING, qty BIGINT"
     envelope_ddl = (
