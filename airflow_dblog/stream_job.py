@@ -9,8 +9,9 @@ completes the batch's chunks, saves the reader offset and lets the capture threa
 the source. A kill at any point replays at most the batch in flight: Spark re-plans the same
 segments, the sinks skip what they hold, the capture thread resumes after the last segment.
 
-Memory on the driver is bounded by a segment's footers and one chunk of rows per open chunk;
-the events themselves are parsed and merged into Delta on the executors.
+Memory on the driver is bounded by the batch size: one chunk of rows per open chunk in the
+capture, and one micro-batch (at most 40 segments) of Kafka messages; the events are parsed and
+merged into Delta on the executors.
 """
 
 from __future__ import annotations
@@ -97,9 +98,9 @@ class BatchCommitter:
     ) -> dict[str, float]:
         """Every sink writes the batch at once, each in its own thread; returns seconds per sink.
 
-        The sinks share only the cached events: Delta's MERGE keeps the executors busy while the
-        Kafka sink's envelopes keep the driver busy, so a batch lasts as long as its slowest
-        sink, not their sum. The first failure is raised once all have finished.
+        The sinks share only the cached events: the Kafka sink's producer runs on the driver
+        while Delta's MERGE keeps the executors busy, so a batch lasts about as long as its
+        slowest sink, not their sum. The first failure is raised once all have finished.
         """
         from pyspark import InheritableThread  # keeps the query's job group and properties
 

@@ -201,6 +201,9 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
             assert proc.poll() is None, f"the stream exited; see {work / 'stream.log'}"
             time.sleep(0.5)
         probe.start()
+        with conn.cursor() as cur:  # one change per table: its Delta table is created now
+            for table in ("bench", "big"):
+                cur.execute(f"UPDATE `{db}`.`{table}` SET qty = qty + 1 WHERE id = 0")
         time.sleep(30)  # Spark's first batches compile and create the tables: not measured
         probe.phase = sampler.phase = "idle"
         time.sleep(30)
