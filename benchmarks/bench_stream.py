@@ -5,7 +5,8 @@ One run, one JSON object, every figure next to a baseline measured in the same r
 - dump rows/s through ``dblog stream`` into Delta and Kafka vs a plain keyset ``SELECT`` of the
   same table with the same client library (pymysql) and page size;
 - change events/s through the job (binlog -> Delta + Kafka committed) vs pymysqlreplication
-  decoding the same binlog range;
+  decoding the same binlog range: live (the job reads while the updates run) and catching up
+  (the job is stopped during the updates, then reads the finished binlog as the raw reader does);
 - commit-to-sink latency p50/p99 (a probe row's commit to its read_committed Kafka message,
   which the job commits after Delta), with no dump running and during a dump;
 - peak RSS of the job (Python driver + JVM) while dumping a table of ROWS and of 2 x ROWS rows.
@@ -59,6 +60,19 @@ def rss_of_tree(pid: int) -> int:
         except (OSError, StopIteration):
             continue
     return total
+
+
+def signal_tree(pid: int, sig: int) -> None:
+    """Send ``sig`` to ``pid`` and all its descendants (the driver, its JVM, Python workers)."""
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo.extend(int(c) for c in f.read().split())
+            os.kill(p, sig)
+        except (OSError, ProcessLookupError):
+            continue
 
 
 class Sampler(threading.Thread):
@@ -118,7 +132,7 @@ class LatencyProbe(threading.Thread):
     def summary(self) -> dict[str, Any]:
         out = {}
         for phase, values in self.samples.items():
-            if phase == "warmup":
+            if phase in ("warmup", "paused"):
                 continue
             values = sorted(values)
             out[phase] = {
@@ -208,22 +222,42 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
         probe.phase = sampler.phase = "idle"
         time.sleep(30)
 
+        def update_all() -> str:
+            """``--updates`` row updates of table bench; the position of the last one."""
+            with conn.cursor() as cur:
+                for first in range(0, args.updates, 10_000):
+                    cur.execute(
+                        f"UPDATE `{db}`.bench SET qty = qty + 1 WHERE id >= %s AND id < %s",
+                        (first, min(first + 10_000, args.updates)),
+                    )
+            end_file, end_pos = source.master_status()
+            return str(Position.mysql(binlog_file_index(end_file), end_pos - 1))
+
+        def until_committed(target: str) -> None:
+            while (state := store.stream_state(config.name)) is None or (
+                state.position or ""
+            ) < target:
+                assert proc.poll() is None, f"the stream exited; see {work / 'stream.log'}"
+                time.sleep(0.2)
+
+        # live: the job reads while MariaDB executes the updates (they share the 2 cores)
         probe.phase = sampler.phase = "changes"
         file, pos = source.master_status()
         started = time.perf_counter()
-        with conn.cursor() as cur:
-            for first in range(0, args.updates, 10_000):
-                cur.execute(
-                    f"UPDATE `{db}`.bench SET qty = qty + 1 WHERE id >= %s AND id < %s",
-                    (first, min(first + 10_000, args.updates)),
-                )
-        end_file, end_pos = source.master_status()
-        target = str(Position.mysql(binlog_file_index(end_file), end_pos - 1))
-        while (state := store.stream_state(config.name)) is None or (state.position or "") < target:
-            assert proc.poll() is None, f"the stream exited; see {work / 'stream.log'}"
-            time.sleep(0.2)
+        until_committed(update_all())
         job_eps = args.updates / (time.perf_counter() - started)
         raw_eps = args.updates / bench_raw(url, db, file, pos, args.updates, UpdateRowsEvent)
+        # catch-up: the job is stopped while the updates run, then reads the finished binlog
+        # like the raw reader does
+        probe.phase, sampler.phase = "paused", "catch_up"
+        signal_tree(proc.pid, signal.SIGSTOP)
+        try:
+            target = update_all()
+        finally:
+            signal_tree(proc.pid, signal.SIGCONT)
+        started = time.perf_counter()
+        until_committed(target)
+        catch_up_eps = args.updates / (time.perf_counter() - started)
 
         for table, phase in (("bench", "dump"), ("big", "dump_2x")):
             probe.phase = sampler.phase = phase
@@ -245,6 +279,8 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
                 "job_change_events_per_s": round(job_eps),
                 "raw_reader_events_per_s": round(raw_eps),
                 "job_vs_raw_reader_ratio": round(job_eps / raw_eps, 3),
+                "job_catch_up_events_per_s": round(catch_up_eps),
+                "job_catch_up_vs_raw_reader_ratio": round(catch_up_eps / raw_eps, 3),
                 "latency": probe.summary(),
                 "peak_rss_mb": {k: round(v / 2**20) for k, v in sampler.peaks.items()},
             }
