@@ -2,8 +2,9 @@
 
 One run, one JSON object, every figure next to a baseline measured in the same run:
 
-- dump rows/s through ``dblog stream`` into Delta and Kafka vs a plain keyset ``SELECT`` of the
-  same table with the same client library (pymysql) and page size;
+- dump rows/s through ``dblog stream`` into Delta and Kafka (``--sinks delta`` / ``kafka``: one
+  sink alone) vs a plain keyset ``SELECT`` of the same table with the same client library
+  (pymysql) and page size;
 - change events/s through the job (binlog -> Delta + Kafka committed) vs pymysqlreplication
   decoding the same binlog range: live (the job reads while the updates run) and catching up
   (the job is stopped during the updates, then reads the finished binlog as the raw reader does);
@@ -12,6 +13,7 @@ One run, one JSON object, every figure next to a baseline measured in the same r
 - peak RSS of the job (Python driver + JVM) while dumping a table of ROWS and of 2 x ROWS rows.
 
     python benchmarks/bench_stream.py [--rows 1000000] [--updates 100000] [--chunk-size 10000]
+                                      [--sinks both|delta|kafka]
 
 Needs the local services (scripts/services.sh up). Leaves nothing behind but its JSON.
 """
@@ -166,6 +168,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--updates", type=int, default=100_000)
     parser.add_argument("--chunk-size", type=int, default=10_000)
     parser.add_argument("--keep-log", metavar="PATH", help="copy the job's log here at the end")
+    parser.add_argument(
+        "--sinks",
+        choices=("both", "delta", "kafka"),
+        default="both",
+        help="the job's sinks (latency needs Kafka: it is not measured with delta alone)",
+    )
     args = parser.parse_args(argv)
     url = f"mysql://dblog:dblog@127.0.0.1:{PORT}"
     db = f"bench_{uuid.uuid4().hex[:8]}"
@@ -185,6 +193,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     select_rps = plain_select_rows_per_s(url, db, "bench", args.chunk_size)
 
+    sink_yaml = {
+        "delta": f"  delta: {{path: {work}/delta}}\n",
+        "kafka": f'  kafka: {{bootstrap_servers: "{KAFKA}", topic_prefix: {db}}}\n',
+    }
+    sinks = "".join(v for k, v in sink_yaml.items() if args.sinks in ("both", k))
     config_path = work / "bench.yaml"
     config_path.write_text(
         f"""name: {db.replace("_", "-")}
@@ -192,9 +205,7 @@ source: {{type: mysql, url: "{url}/{db}", tables: [{db}.bench, {db}.big, {db}.pr
 metadata: {{url: "sqlite:///{work}/meta.db"}}
 dump: {{chunk_size: {args.chunk_size}, parallelism: 1}}
 sinks:
-  delta: {{path: {work}/delta}}
-  kafka: {{bootstrap_servers: "{KAFKA}", topic_prefix: {db}}}
-checkpoint: {work}/checkpoint
+{sinks}checkpoint: {work}/checkpoint
 spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
 """
     )
@@ -208,13 +219,14 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
         )
     sampler = Sampler(proc.pid)
     probe = LatencyProbe(url, db, f"{db}.{db}.probe")
-    result: dict[str, Any] = {"benchmark": "stream_mariadb", "rows": args.rows}
+    result: dict[str, Any] = {"benchmark": "stream_mariadb", "rows": args.rows, "sinks": args.sinks}
     try:
         sampler.start()
         while store.stream_state(config.name) is None:
             assert proc.poll() is None, f"the stream exited; see {work / 'stream.log'}"
             time.sleep(0.5)
-        probe.start()
+        if args.sinks != "delta":
+            probe.start()
         with conn.cursor() as cur:  # one change per table: its Delta table is created now
             for table in ("bench", "big"):
                 cur.execute(f"UPDATE `{db}`.`{table}` SET qty = qty + 1 WHERE id = 0")
@@ -271,7 +283,8 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
                 store.progress(dump_id).rows_emitted / (time.perf_counter() - started)
             )
         probe.stop.set()
-        probe.join(10)
+        if probe.is_alive():
+            probe.join(10)
         result.update(
             {
                 "plain_select_rows_per_s": round(select_rps),
@@ -281,7 +294,7 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
                 "job_vs_raw_reader_ratio": round(job_eps / raw_eps, 3),
                 "job_catch_up_events_per_s": round(catch_up_eps),
                 "job_catch_up_vs_raw_reader_ratio": round(catch_up_eps / raw_eps, 3),
-                "latency": probe.summary(),
+                "latency": probe.summary() if args.sinks != "delta" else None,
                 "peak_rss_mb": {k: round(v / 2**20) for k, v in sampler.peaks.items()},
             }
         )
