@@ -49,31 +49,38 @@ PORT = os.environ.get("DBLOG_MYSQL_PORT", "3306")
 KAFKA = f"127.0.0.1:{os.environ.get('DBLOG_KAFKA_PORT', '9092')}"
 
 
-def rss_of_tree(pid: int) -> int:
-    """Resident bytes of ``pid`` and all its descendants (the driver and its JVM)."""
-    total, todo = 0, [pid]
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (the driver, its JVM, Python workers), parents first."""
+    found, todo = [], [pid]
     while todo:
         p = todo.pop()
         try:
-            with open(f"/proc/{p}/status") as f:
-                total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS"))
             with open(f"/proc/{p}/task/{p}/children") as f:
                 todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            continue
+        found.append(p)
+    return found
+
+
+def rss_of_tree(pid: int) -> int:
+    """Resident bytes of ``pid`` and all its descendants."""
+    total = 0
+    for p in process_tree(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS"))
         except (OSError, StopIteration):
             continue
     return total
 
 
 def signal_tree(pid: int, sig: int) -> None:
-    """Send ``sig`` to ``pid`` and all its descendants (the driver, its JVM, Python workers)."""
-    todo = [pid]
-    while todo:
-        p = todo.pop()
+    """Send ``sig`` to ``pid`` and all its descendants."""
+    for p in process_tree(pid):
         try:
-            with open(f"/proc/{p}/task/{p}/children") as f:
-                todo.extend(int(c) for c in f.read().split())
             os.kill(p, sig)
-        except (OSError, ProcessLookupError):
+        except ProcessLookupError:
             continue
 
 

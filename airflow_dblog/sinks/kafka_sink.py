@@ -333,7 +333,7 @@ class KafkaSink:
                     ) from None
                 log.warning("kafka: commit attempt %d failed, retrying: %s", attempt, err.args[0])
 
-    def _produce(self, topic: str, key: str, value: str | bytes | None) -> None:
+    def _produce(self, topic: str, key: str, value: str | None) -> None:
         while True:
             try:
                 self.producer.produce(topic, value=value, key=key)
