@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_dblog.chunk_executor import ChunkExecutor
+from airflow_dblog.chunk_executor import ChunkExecutor, watermark_strategy
 from airflow_dblog.config import Config, DumpSettings
 from airflow_dblog.events import ChangeEvent, LogItem
-from airflow_dblog.merge import ClosedChunk, WatermarkMerge
+from airflow_dblog.merge import HISTORY_LIMIT, ClosedChunk, WatermarkMerge
 from airflow_dblog.metadata import MetadataStore
 from airflow_dblog.metadata.store import utcnow
 from airflow_dblog.signals import SignalChannel
@@ -58,12 +58,27 @@ class Capture:
         sinks: Sequence[Sink],
         worker: str = "capture",
         batch_id: int = 0,
+        resumed: bool | None = None,
     ) -> None:
+        """``resumed``: the reader continues a stream that emitted before (default: the store
+        holds an offset); a new stream's first position is saved here, before anything else."""
         self.config, self.store, self.reader, self.sinks = config, store, reader, list(sinks)
-        self.merge = WatermarkMerge()
-        self.executor = ChunkExecutor(
-            source, store, self.merge, config.name, config.source.watermark, worker
+        state = store.stream_state(config.name)
+        if resumed is None:
+            resumed = bool(state and state.source_offset)
+        strategy = watermark_strategy(config.source.watermark, source, config.name)
+        if not (state and state.source_offset):
+            # a restart before the first commit begins here, and dump bounds are read after it
+            store.save_stream_state(
+                config.name,
+                source_offset={"reader": reader.offset(), "batch_id": batch_id},
+                heartbeat_at=utcnow(),
+            )
+        self.merge = WatermarkMerge(
+            history_limit=HISTORY_LIMIT if strategy.history else 0,
+            unknown_past=strategy.unknown_past() if resumed and strategy.history else None,
         )
+        self.executor = ChunkExecutor(source, store, self.merge, config.name, strategy, worker)
         self.batch_id = batch_id
         self.settings: DumpSettings = config.dump
         self._controls_at = 0.0
@@ -127,7 +142,7 @@ class Capture:
         if time.monotonic() - self._last_chunk_at < settings.delay_ms / 1000:
             return 0
         started = 0
-        while self.merge.open_count() < settings.parallelism:
+        while self.merge.open_count() < settings.parallelism and self.executor.ready():
             chunk = self.executor.claim(settings.chunk_size)
             if chunk is None:
                 break
@@ -144,6 +159,7 @@ class Capture:
             if self.signals is not None:
                 self.signals.poll()
             self.settings = self.store.controls(self.config.name, self.config.dump)
+            self.executor.refresh_horizon()
             self._controls_at = now
             for dump in self.store.dumps(self.config.name, ("cancelled",)):
                 self.merge.cancel_dump(dump.id)
@@ -197,6 +213,7 @@ class SpooledCapture(Capture):
             [],
             worker,
             int(last.get("batch_id", 0)),
+            resumed=bool(footers or saved),
         )
 
     def _requeue(self) -> int:

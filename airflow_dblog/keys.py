@@ -17,6 +17,9 @@ from airflow_dblog.errors import InputError
 
 _BYTES = "$bytes"
 
+MAX_KEYS_PER_CHUNK = 10_000
+"""A key-list chunk reads its keys in one snapshot transaction: the planner cuts lists to this."""
+
 
 def check_arity(table: object, key_columns: Sequence[str], values: Sequence[Any]) -> Sequence[Any]:
     """``values`` unchanged if there is one per key column; InputError otherwise."""

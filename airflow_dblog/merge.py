@@ -11,7 +11,17 @@ later: at the high watermark's position (``table``), or after the last log event
 the item that closed the window (read-only strategies), as ``base.dumped_row(i)``.
 
 Several chunks may be open at once, of one table or several. Watermark events and heartbeats are
-never emitted. The state (open windows, rows, keys seen) round-trips through a JSON-able dict so
+never emitted.
+
+Log order is not visibility order (a commit is in the binlog/WAL before a SELECT can see it), so
+a window must also judge changes the log delivered *before* the window was registered: the merge
+remembers recent changes (:class:`Seen`) and :meth:`~WatermarkMerge.open_chunk` drops the keys
+of those the window says the SELECT missed (:meth:`Window.contains_past`). The memory is trimmed
+by the source's horizon (:meth:`~WatermarkMerge.forget`); if it ever has to drop changes that are
+still needed (``history_limit``), windows that judge the past are refused with
+:class:`HistoryLost` until the horizon has passed them, and the chunk is selected again.
+
+The state (open windows, rows, keys seen; not the memory) round-trips through a JSON-able dict so
 a streaming job can checkpoint it between micro-batches. Pure logic: no I/O, no clock.
 """
 
@@ -21,7 +31,8 @@ import base64
 import datetime as dt
 import decimal
 import uuid
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +50,24 @@ _MAX_COORD = 2**64 - 1
 
 class MergeError(DblogError):
     """The caller broke the merge's protocol (order of the log, rows, registration)."""
+
+
+class HistoryLost(MergeError):
+    """A window needs changes the merge no longer remembers: select the chunk again later."""
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """A change the merge passed on, remembered so a window registered later can judge it."""
+
+    table: TableId | None
+    key: Key
+    position: Position
+    xid: int | None = None
+    gtid: str | None = None
+
+
+HISTORY_LIMIT = 200_000  # remembered changes at most (a horizon normally keeps far fewer)
 
 
 @dataclass(frozen=True)
@@ -79,9 +108,21 @@ class WatermarkMerge:
 
     ``start`` is the position of the last log item already emitted before this merge started
     (exclusive); items fed must come after it. Without it, the first item is trusted.
+    ``history_limit`` bounds the remembered changes (0: remember none, for strategies whose
+    windows never judge the past); ``unknown_past``: what a restarted stream emitted before
+    this merge existed and cannot remember, as one :class:`Seen` standing for all of it (the
+    greatest position and xid); windows are refused until the horizon forgets it.
     """
 
-    def __init__(self, start: Position | None = None) -> None:
+    def __init__(
+        self,
+        start: Position | None = None,
+        history_limit: int = HISTORY_LIMIT,
+        unknown_past: Seen | None = None,
+    ) -> None:
+        self._history: deque[Seen] = deque()
+        self._history_limit = history_limit
+        self._lost = unknown_past  # stands for every change dropped while possibly still needed
         self._open: dict[int, _Chunk] = {}
         self._closed: list[ClosedChunk] = []
         self._last_position = start  # last ChangeEvent/WatermarkEvent fed (or ``start``)
@@ -97,8 +138,45 @@ class WatermarkMerge:
             raise MergeError(f"chunk {chunk_id} is already open in the merge")
         if not isinstance(window, Window):
             raise TypeError(f"not a window: {window!r}")
-        window.check_registration(self._last_position)
-        self._open[chunk_id] = _Chunk(chunk_id, dump_id, table, window, window.starts_open)
+        changed: set[Key] = set()
+        if window.judges_past:
+            if self._lost is not None:
+                raise HistoryLost(
+                    f"chunk {chunk_id} ({table}): changes up to {self._lost.position} that its"
+                    f" {window.describe()} window must judge are no longer remembered",
+                    "the chunk is selected again once the source's horizon has passed them",
+                )
+            changed = {
+                s.key for s in self._history if s.table == table and window.contains_past(s)
+            }
+        self._open[chunk_id] = _Chunk(
+            chunk_id, dump_id, table, window, window.starts_open, changed=changed
+        )
+
+    def forget(self, forgettable: Callable[[Seen], bool]) -> int:
+        """Drop the oldest remembered changes no later window can need; returns how many."""
+        dropped = 0
+        while self._history and forgettable(self._history[0]):
+            self._history.popleft()
+            dropped += 1
+        if self._lost is not None and forgettable(self._lost):
+            self._lost = None
+        return dropped
+
+    def _remember(self, event: ChangeEvent) -> None:
+        if not self._history_limit:
+            return
+        self._history.append(Seen(event.table, event.key, event.position, event.xid, event.gtid))
+        if len(self._history) > self._history_limit:
+            old = self._history.popleft()
+            lost = self._lost
+            self._lost = Seen(  # the greatest of everything dropped so far
+                None,
+                (),
+                old.position if lost is None else max(lost.position, old.position),
+                old.xid if lost is None or lost.xid is None else max(lost.xid, old.xid or 0),
+                old.gtid,
+            )
 
     def set_rows(self, chunk_id: int, rows: Rows, ts_ms: int | None = None) -> None:
         """The chunk's SELECT result, ``(key, row)`` in key order; ``ts_ms``: when it was read.
@@ -149,6 +227,11 @@ class WatermarkMerge:
         return closed
 
     @property
+    def remembers_all(self) -> bool:
+        """False while changes a window may need were dropped (or predate a restart)."""
+        return self._lost is None
+
+    @property
     def last_position(self) -> Position | None:
         """The last change or watermark event fed (or ``start``)."""
         return self._last_position
@@ -166,18 +249,19 @@ class WatermarkMerge:
         for chunk in list(self._open.values()):
             if chunk.opened and chunk.window.closes_before(item):
                 out.extend(self._close(chunk, self._base_before(chunk, item)))
+        change = item if isinstance(item, ChangeEvent) else None
         for chunk in self._open.values():
+            mine = change is not None and change.table == chunk.table
             if not chunk.opened:
                 chunk.opened = chunk.window.opens_at(item)
-            elif (
-                isinstance(item, ChangeEvent)
-                and item.table == chunk.table
-                and chunk.window.contains(item)
-            ):
-                self._conflict(chunk, item.key)
-        if isinstance(item, ChangeEvent):
-            out.append(item)
-            self._last_ts = item.ts_ms
+                if mine and chunk.window.contains_past(change):  # type: ignore[arg-type]
+                    self._conflict(chunk, change.key)  # type: ignore[union-attr]
+            elif mine and chunk.window.contains(change):  # type: ignore[arg-type]
+                self._conflict(chunk, change.key)  # type: ignore[union-attr]
+        if change is not None:
+            out.append(change)
+            self._last_ts = change.ts_ms
+            self._remember(change)
         if positioned:
             self._last_position = item.position
         for chunk in list(self._open.values()):

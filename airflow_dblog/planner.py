@@ -12,7 +12,7 @@ from typing import Any
 from airflow_dblog.config import Config
 from airflow_dblog.errors import InputError
 from airflow_dblog.events import TableId
-from airflow_dblog.keys import to_json
+from airflow_dblog.keys import MAX_KEYS_PER_CHUNK, to_json
 from airflow_dblog.metadata import MetadataStore
 from airflow_dblog.metadata.store import TablePlan
 from airflow_dblog.sources import Source, open_source
@@ -46,12 +46,12 @@ def plan_tables(
     for table in tables:
         schema = source.describe(table)
         if keys is None:
-            max_key = source.max_key(table)
+            # no upper bound here: the stream reads it once its log position is durable, so a
+            # row inserted between this request and the stream's start is in one or the other
             plans.append(
                 TablePlan(
                     table=str(table),
                     key_columns=list(schema.key),
-                    max_key=None if max_key is None else to_json(max_key),
                     estimated_rows=source.estimate_rows(table),
                 )
             )
@@ -64,14 +64,14 @@ def plan_tables(
         for value in keys:
             unique[tuple(source.coerce_key(table, value))] = None
         encoded = [to_json(k) for k in unique]
-        starts = range(0, len(encoded), chunk_size)
+        per_chunk = min(chunk_size, MAX_KEYS_PER_CHUNK)  # what one chunk's SELECT accepts
+        starts = range(0, len(encoded), per_chunk)
         plans.append(
             TablePlan(
                 table=str(table),
                 key_columns=list(schema.key),
-                max_key=None,
                 estimated_rows=len(encoded),
-                key_chunks=[encoded[i : i + chunk_size] for i in starts],
+                key_chunks=[encoded[i : i + per_chunk] for i in starts],
             )
         )
     return plans

@@ -204,21 +204,23 @@ def run_stream(
             lease.close()
             return 0
         store.take_lead(fence, lease.identity)
+    # the log position first (Spark takes many seconds to start): from here on every change is
+    # captured, and the bounds of dumps already requested are read after it
+    source = open_source(config)
+    checkpoint = Path(config.checkpoint)
+    spool = Spool(checkpoint / "spool")
+    capture = SpooledCapture(
+        config, store, source, lambda offset: open_reader(config, offset), spool
+    )
     spark = build_spark_session(
         f"dblog-{config.name}",
         master=config.spark.master if master is _DEFAULT_MASTER else master,
         extra_conf=config.spark.conf,
     )
     spark.dataSource.register(ChangelogSource)
-    source = open_source(config)
     schemas = {table: source.describe(table) for table in config.source.tables}
     schema_source = open_source(config)  # the Spark thread's own: sources are not thread-safe
     sinks = build_sinks(spark, config, schemas, schema_source.describe)
-    checkpoint = Path(config.checkpoint)
-    spool = Spool(checkpoint / "spool")
-    capture = SpooledCapture(
-        config, store, source, lambda offset: open_reader(config, offset), spool
-    )
     if config.kafka is not None and config.kafka.signal_topic:
         from airflow_dblog.signals import SignalChannel
 

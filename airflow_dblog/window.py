@@ -6,6 +6,13 @@ A window answers three questions for the merge, one log item at a time:
   If so the change's key is dropped from the chunk: the log carries the newer value. Saying yes
   too often only costs a dumped row that the log replaces anyway; saying no wrongly would let a
   stale row overwrite a newer change, so every doubtful case answers yes.
+- :meth:`Window.contains_past`: the same question for a change the log delivered *before* the
+  window was registered (or, for a ``table`` window, before its low watermark). Log order is not
+  visibility order: a commit can be in the binlog/WAL, and read by the stream, while the
+  transaction is still invisible to a SELECT (PostgreSQL leaves the ProcArray after the WAL
+  flush and, with synchronous replication, after the standby's answer; MariaDB's semi-sync
+  ``AFTER_SYNC`` waits before the engine commit). The merge keeps recent changes so a window can
+  judge them when it arrives.
 - :meth:`Window.closes_before`: is the log past the window, so that the rows go out *before*
   this item (read-only strategies: the log reached a position read after the SELECT)?
 - :meth:`Window.closes_at`: is this item the window's end, so that the rows go out right after
@@ -14,12 +21,16 @@ A window answers three questions for the merge, one log item at a time:
 Windows are immutable values with a JSON form (``to_dict``/``Window.from_dict``); whether a
 ``table`` window has opened is the merge's per-chunk state. Windows never look at tables: the
 merge only asks about changes of the chunk's own table.
+
+:meth:`Window.forgettable` tells the merge which remembered changes no later window of the same
+kind can need (the source's horizon: PostgreSQL's oldest running xid, MariaDB's consistent
+snapshot position, MySQL's executed GTID set only grow).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from airflow_dblog.errors import DblogError
 from airflow_dblog.events import ChangeEvent, LogItem, WatermarkEvent
@@ -27,6 +38,17 @@ from airflow_dblog.gtid import GtidSet, parse_gtid_set
 from airflow_dblog.position import Position
 
 _XID32 = 2**32
+
+
+class Change(Protocol):
+    """What a window looks at in a change: a logged ``ChangeEvent`` or the merge's memory of one."""
+
+    @property
+    def position(self) -> Position: ...
+    @property
+    def xid(self) -> int | None: ...
+    @property
+    def gtid(self) -> str | None: ...
 
 
 class WindowError(DblogError):
@@ -43,7 +65,7 @@ class Window:
     def opens_at(self, item: LogItem) -> bool:
         return False
 
-    def contains(self, event: ChangeEvent) -> bool:
+    def contains(self, event: Change) -> bool:
         raise NotImplementedError
 
     def closes_before(self, item: LogItem) -> bool:
@@ -56,8 +78,18 @@ class Window:
         """Where rows may go if the merge has seen no log event at all before the close."""
         return None
 
-    def check_registration(self, last_position: Position | None) -> None:
-        """Refuse a window registered after the log it needs was already fed to the merge."""
+    @property
+    def judges_past(self) -> bool:
+        """Whether changes read before registration can matter (the merge must remember them)."""
+        return True
+
+    def contains_past(self, event: Change) -> bool:
+        """Whether a change read before the window was registered (or opened) was missed."""
+        return self.contains(event)
+
+    def forgettable(self, change: Change) -> bool:
+        """Whether no window registered after this one can need ``change`` (see the module)."""
+        return False
 
     def describe(self) -> str:
         return self.kind
@@ -93,13 +125,59 @@ def _reached(item: LogItem, close_at: Position) -> bool:
     return item.position.log_part() >= close_at.log_part()
 
 
-def _too_late(window: Window, last: Position | None, limit: Position, what: str) -> None:
-    if last is not None and last.log_part() > limit.log_part():
-        raise WindowError(
-            f"{window.describe()} window registered after the log was fed up to {last}, past its"
-            f" {what} {limit}",
-            "register a chunk while the log reader is paused, before its SELECT",
-        )
+
+@dataclass(frozen=True)
+class XidSnapshot:
+    """A PostgreSQL snapshot (``pg_current_snapshot()``): which transactions a SELECT saw.
+
+    Values are 64-bit ``xid8``; a committed transaction is visible iff ``xid < xmax`` and it is
+    not in ``xip``. wal2json's 32-bit xids are widened against ``xmax`` (:func:`widen_xid`).
+    """
+
+    xmin: int
+    xmax: int
+    xip: frozenset[int]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "xip", frozenset(self.xip))
+        if not 0 <= self.xmin <= self.xmax:
+            raise ValueError(f"bad snapshot: xmin {self.xmin} > xmax {self.xmax}")
+        stray = [x for x in self.xip if not self.xmin <= x < self.xmax]
+        if stray:
+            raise ValueError(
+                f"bad snapshot: xip {sorted(stray)} outside [{self.xmin}, {self.xmax})"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> XidSnapshot:
+        """From the text form ``xmin:xmax:xip,xip`` of ``pg_current_snapshot()``."""
+        parts = text.strip().split(":")
+        if len(parts) != 3:
+            raise ValueError(f"not a PostgreSQL snapshot: {text!r}")
+        try:
+            xip = frozenset(int(x) for x in parts[2].split(",") if x)
+            return cls(int(parts[0]), int(parts[1]), xip)
+        except ValueError:
+            raise ValueError(f"not a PostgreSQL snapshot: {text!r}") from None
+
+    def visible(self, xid: int) -> bool:
+        """Whether the SELECT's snapshot saw the transaction ``xid`` (32-bit or xid8)."""
+        full = widen_xid(xid, self.xmax)
+        if full < self.xmin:
+            return True
+        return full < self.xmax and full not in self.xip
+
+    def missed(self, change: Change) -> bool:
+        """A change the snapshot did not see (no xid: cannot tell, so yes)."""
+        return change.xid is None or not self.visible(change.xid)
+
+    def older(self, change: Change) -> bool:
+        """A change every later snapshot sees: its xid is below this snapshot's xmin.
+
+        Later snapshots have an xmin at least as high (the oldest running xid only grows), and
+        a change with an xid below it committed before that xid started.
+        """
+        return change.xid is not None and widen_xid(change.xid, self.xmax) < self.xmin
 
 
 @dataclass(frozen=True)
@@ -108,12 +186,19 @@ class TableWindow(Window):
 
     Rows go out at the HW event's position. The LW may arrive before or after the rows are known;
     an HW without its LW means the log lost the LW (or the reader skips the watermark table).
+
+    Every change between LW and HW is a conflict. Before the LW, on MySQL/MariaDB with
+    ``binlog_order_commits`` (checked at start-up), every change was visible to the SELECT,
+    which ran after the LW's commit returned. On PostgreSQL it need not be (a commit is in the
+    WAL before it is visible): there the SELECT's own ``snapshot`` judges the changes read
+    before the LW.
     """
 
     kind: ClassVar[str] = "table"
     starts_open: ClassVar[bool] = False
     low: str
     high: str
+    snapshot: XidSnapshot | None = None
 
     def __post_init__(self) -> None:
         if not self.low or not self.high or self.low == self.high:
@@ -122,8 +207,18 @@ class TableWindow(Window):
     def opens_at(self, item: LogItem) -> bool:
         return isinstance(item, WatermarkEvent) and item.value == self.low
 
-    def contains(self, event: ChangeEvent) -> bool:
+    def contains(self, event: Change) -> bool:
         return True  # every change of the table between LW and HW
+
+    @property
+    def judges_past(self) -> bool:
+        return self.snapshot is not None
+
+    def contains_past(self, event: Change) -> bool:
+        return self.snapshot is not None and self.snapshot.missed(event)
+
+    def forgettable(self, change: Change) -> bool:
+        return self.snapshot is None or self.snapshot.older(change)
 
     def closes_at(self, item: LogItem) -> bool:
         return isinstance(item, WatermarkEvent) and item.value == self.high
@@ -175,45 +270,33 @@ class SnapshotXidWindow(Window):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "xip", frozenset(self.xip))
-        if not 0 <= self.xmin <= self.xmax:
-            raise ValueError(f"bad snapshot: xmin {self.xmin} > xmax {self.xmax}")
-        stray = [x for x in self.xip if not self.xmin <= x < self.xmax]
-        if stray:
-            raise ValueError(
-                f"bad snapshot: xip {sorted(stray)} outside [{self.xmin}, {self.xmax})"
-            )
+        XidSnapshot(self.xmin, self.xmax, self.xip)  # validates
 
     @classmethod
     def from_pg_snapshot(cls, text: str, close_at: Position) -> SnapshotXidWindow:
         """From the text form ``xmin:xmax:xip,xip`` of ``pg_current_snapshot()``."""
-        parts = text.strip().split(":")
-        try:
-            xmin, xmax = int(parts[0]), int(parts[1])
-            xip = frozenset(int(x) for x in parts[2].split(",") if x) if parts[2] else frozenset()
-        except (ValueError, IndexError):
-            raise ValueError(f"not a PostgreSQL snapshot: {text!r}") from None
-        if len(parts) != 3:
-            raise ValueError(f"not a PostgreSQL snapshot: {text!r}")
-        return cls(xmin, xmax, xip, close_at)
+        snap = XidSnapshot.parse(text)
+        return cls(snap.xmin, snap.xmax, snap.xip, close_at)
+
+    @property
+    def snapshot(self) -> XidSnapshot:
+        return XidSnapshot(self.xmin, self.xmax, self.xip)
 
     def visible(self, xid: int) -> bool:
         """Whether the SELECT's snapshot saw the transaction ``xid`` (32-bit or xid8)."""
-        full = widen_xid(xid, self.xmax)
-        if full < self.xmin:
-            return True
-        return full < self.xmax and full not in self.xip
+        return self.snapshot.visible(xid)
 
-    def contains(self, event: ChangeEvent) -> bool:
-        return event.xid is None or not self.visible(event.xid)
+    def contains(self, event: Change) -> bool:
+        return self.snapshot.missed(event)
+
+    def forgettable(self, change: Change) -> bool:
+        return self.snapshot.older(change)
 
     def closes_before(self, item: LogItem) -> bool:
         return _reached(item, self.close_at)
 
     def fallback_position(self) -> Position | None:
         return self.close_at
-
-    def check_registration(self, last_position: Position | None) -> None:
-        _too_late(self, last_position, self.close_at, "end")
 
     def describe(self) -> str:
         return f"snapshot({self.xmin}:{self.xmax}:{len(self.xip)} in progress)"
@@ -257,8 +340,11 @@ class GtidWindow(Window):
                 break
         return cls(parse_gtid_set(low, flavor), parse_gtid_set(high, flavor), close_at)
 
-    def contains(self, event: ChangeEvent) -> bool:
+    def contains(self, event: Change) -> bool:
         return event.gtid is None or not self.low.contains(event.gtid)
+
+    def forgettable(self, change: Change) -> bool:
+        return change.gtid is not None and self.low.contains(change.gtid)  # sets only grow
 
     def closes_before(self, item: LogItem) -> bool:
         if _reached(item, self.close_at):
@@ -268,9 +354,6 @@ class GtidWindow(Window):
 
     def fallback_position(self) -> Position | None:
         return self.close_at
-
-    def check_registration(self, last_position: Position | None) -> None:
-        _too_late(self, last_position, self.close_at, "end")
 
     def describe(self) -> str:
         return f"gtid({self.low}..{self.high})"
@@ -290,8 +373,11 @@ class PositionWindow(Window):
     """MariaDB ``snapshot`` strategy: the SELECT saw the binlog exactly up to ``start``.
 
     ``start`` comes from ``binlog_snapshot_file/position`` in the chunk's consistent-snapshot
-    transaction. A change is in the window iff its position is past ``start``; the window closes
-    before the first item at or past ``close_at`` (>= ``start``).
+    transaction: the position of the last transaction the engine had committed, so a
+    transaction already in the binlog but not yet visible (semi-sync ``AFTER_SYNC`` waiting for
+    its ACK) lies past it. A change is in the window iff its position is past ``start``, also
+    when the stream read it before the window was registered; the window closes before the
+    first item at or past ``close_at`` (>= ``start``).
     """
 
     kind: ClassVar[str] = "position"
@@ -302,17 +388,17 @@ class PositionWindow(Window):
         if self.close_at.log_part() < self.start.log_part():
             raise ValueError(f"window closes at {self.close_at}, before its start {self.start}")
 
-    def contains(self, event: ChangeEvent) -> bool:
+    def contains(self, event: Change) -> bool:
         return event.position.log_part() > self.start.log_part()
+
+    def forgettable(self, change: Change) -> bool:
+        return change.position.log_part() <= self.start.log_part()  # later snapshots: later
 
     def closes_before(self, item: LogItem) -> bool:
         return _reached(item, self.close_at)
 
     def fallback_position(self) -> Position | None:
         return self.close_at
-
-    def check_registration(self, last_position: Position | None) -> None:
-        _too_late(self, last_position, self.start, "snapshot position")
 
     def describe(self) -> str:
         return f"position({self.start}..{self.close_at})"

@@ -25,9 +25,11 @@ from workload import Db, db_for, execute, load, restricted_user, source_rows, wr
 from airflow_dblog.capture import Capture
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import Config, parse_config
-from airflow_dblog.errors import DblogError
+from airflow_dblog.errors import DblogError, SourceError
 from airflow_dblog.events import TableId
+from airflow_dblog.keys import MAX_KEYS_PER_CHUNK
 from airflow_dblog.metadata import MetadataStore
+from airflow_dblog.metadata.store import TablePlan
 from airflow_dblog.planner import plan_dump
 from airflow_dblog.sinks.memory_sink import MemorySink
 from airflow_dblog.sources import open_reader, open_source
@@ -81,7 +83,6 @@ def _drain(capture: Capture, quiet_s: float = 2.0) -> None:
 
 CASES = [
     ("mysql", "table"),
-    ("mysql", "gtid"),
     ("mysql", "snapshot"),
     ("postgres", "table"),
     ("postgres", "snapshot"),
@@ -132,7 +133,7 @@ def test_dump_under_concurrent_writes_converges(
 SECRET = f"Pw-{uuid.uuid4().hex[:12]}-never-logged"
 LEAST_PRIVILEGE = {
     # read-only strategies: SELECT on the data, the replication grants, nothing else
-    ("mysql", "gtid"): [
+    ("mysql", "snapshot"): [
         "GRANT SELECT ON `{db}`.* TO {user}",
         "GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO {user}",
     ],
@@ -215,11 +216,28 @@ def test_a_missing_replication_grant_is_named(
     db = db_for(request, "mysql")
     load(db)
     with restricted_user(db, ["GRANT SELECT ON `{db}`.* TO {user}"], SECRET) as restricted:
-        config = _config(restricted, "gtid", tmp_path)
+        config = _config(restricted, "snapshot", tmp_path)
         with pytest.raises(DblogError, match="GRANT REPLICATION SLAVE, REPLICATION CLIENT") as err:
             capture = _open(config, MetadataStore(config.metadata_url), MemorySink())
             capture.step(timeout_s=1)
     assert "\n" not in str(err.value) and SECRET not in str(err.value)
+
+
+def test_gtid_watermarks_are_refused_on_mariadb_before_anything_is_written(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """MariaDB advances @@gtid_binlog_pos before a transaction is visible (group commit,
+    semi-sync AFTER_SYNC): a GTID window could count an unseen change as seen."""
+    db = db_for(request, "mysql")
+    load(db, rows=10)
+    config = _config(db, "gtid", tmp_path)
+    store = MetadataStore(config.metadata_url)
+    with pytest.raises(SourceError) as err:
+        _open(config, store, MemorySink())
+    message = str(err.value)
+    assert "not exact on MariaDB" in message and "source.watermark: snapshot" in message
+    assert "\n" not in message
+    assert store.stream_state(config.name) is None  # no offset saved for a stream that never ran
 
 
 # quotes of both dialects, a semicolon, SQL, unicode: identifiers are quoted, never spliced
@@ -277,6 +295,44 @@ def test_strange_table_names_and_a_backfill_of_100_000_keys(
     with pytest.raises(DblogError, match="expects"):
         plan_dump(config, store, [str(tid)], [["not-a-number", "t"]], requested_by="test")
     assert len(store.dumps(config.name)) == 1, "a refused request wrote a dump"
+
+
+@pytest.mark.parametrize("kind", ["mysql", "postgres"])
+def test_a_bad_chunk_fails_its_dump_and_the_stream_goes_on(
+    request: pytest.FixtureRequest, tmp_path: Path, kind: str
+) -> None:
+    """A key list over what one chunk accepts crash-looped the stream: every restart selected
+    the same chunk again. Now the planner cuts lists to that limit, and a chunk that fails
+    anyway (here one recorded as an older planner did) fails only its dump, with its reason."""
+    db = db_for(request, kind)
+    load(db, rows=2000)
+    config = _config(db, "snapshot", tmp_path)
+    store = MetadataStore(config.metadata_url)
+    sink = MemorySink()
+    capture = _open(config, store, sink)
+    table = str(db.table())
+    keys = [[a, f"k{a % 7}"] for a in range(MAX_KEYS_PER_CHUNK + 2000)]
+    too_big = store.create_dump(
+        config.name, "keys", [TablePlan(table, ["a", "b"], len(keys), key_chunks=[keys])]
+    )
+    store.set_controls(config.name, chunk_size=50_000)
+    planned = plan_dump(config, store, [table], keys, requested_by="test")
+    assert [len(c.keys or []) for c in store.chunks(planned)] == [MAX_KEYS_PER_CHUNK, 2000]
+    _run_until(
+        capture,
+        lambda: (
+            store.progress(too_big).state != "pending" and store.progress(planned).state == "done"
+        ),
+        120,
+    )
+    failed = store.progress(too_big)
+    assert failed.state == "failed" and failed.reason is not None
+    assert f"key-list chunks hold at most {MAX_KEYS_PER_CHUNK} keys" in failed.reason
+    assert "\n" not in failed.reason
+    execute(db, f"UPDATE {db.quoted()} SET v = 77 WHERE a = 1")  # the log goes on
+    _run_until(capture, lambda: sink.rows(db.table()).get((1, "k1"), {}).get("v") == 77, 60)
+    capture.close()
+    assert len(sink.rows(db.table())) == 2000
 
 
 @pytest.mark.parametrize("kind", ["mysql", "postgres"])

@@ -52,9 +52,9 @@ def test_help_lists_every_command() -> None:
 
 
 def test_status_pause_resume_cancel_set(config_file: Path, tmp_path: Path) -> None:
-    assert dblog("db", "upgrade", "-c", str(config_file)).stdout.strip().endswith("revision 0001")
+    assert dblog("db", "upgrade", "-c", str(config_file)).stdout.strip().endswith("revision 0002")
     store = MetadataStore(f"sqlite:///{tmp_path}/meta.db")
-    dump_id = store.create_dump("inventory", "tables", [TablePlan("app.orders", ["id"], [50], 50)])
+    dump_id = store.create_dump("inventory", "tables", [TablePlan("app.orders", ["id"], 50)])
 
     status = json.loads(
         dblog("status", "-c", str(config_file), "--dump", str(dump_id), "--json").stdout

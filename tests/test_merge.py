@@ -12,7 +12,9 @@ from airflow_dblog.merge import (
     ChunkRows,
     ChunkSpec,
     ClosedChunk,
+    HistoryLost,
     MergeError,
+    Seen,
     WatermarkMerge,
     decode_value,
     encode_value,
@@ -399,13 +401,47 @@ def test_position_window_drops_keys_changed_after_the_snapshot_position():
     ]
 
 
-def test_window_registered_after_the_log_passed_it_is_refused():
+def test_a_window_registered_after_the_log_passed_it_judges_what_was_read():
+    """Log order is not visibility order: key 1 was logged (and emitted) before the snapshot
+    that missed it was taken; its dumped row must not follow the newer logged value."""
     m = WatermarkMerge()
-    m.feed(ev(1, 250))
-    with pytest.raises(WindowError, match="registered after the log was fed"):
-        m.open_chunk(1, 1, T, PositionWindow(start=pos(200), close_at=pos(300)))
-    with pytest.raises(WindowError):
-        m.open_chunk(2, 1, T, GtidWindow.from_strings("", "", close_at=pos(100)))
+    assert [e.key for e in m.feed(ev(1, 250))] == [(1,)]
+    m.feed(ev(1, 255, table=OTHER))  # another table's key 1: no conflict
+    m.open_chunk(1, 1, T, PositionWindow(start=pos(200), close_at=pos(200)))
+    m.set_rows(1, rows(1, 2))
+    out = m.feed(Heartbeat(pos(260)))  # the log is past the window: rows go out now
+    assert summary(out) == [("r", 2, pos(255).dumped_row(0))]
+    assert m.pop_closed()[0].dropped == 1
+
+
+def test_the_memory_is_trimmed_by_the_horizon_and_a_gap_refuses_windows():
+    m = WatermarkMerge(history_limit=2)
+    for i, offset in enumerate((10, 20, 30)):
+        m.feed(ev(i, offset))
+    assert not m.remembers_all  # change 0 was dropped while a window might need it
+    with pytest.raises(HistoryLost):
+        m.open_chunk(1, 1, T, PositionWindow(start=pos(5), close_at=pos(40)))
+    m.open_chunk(2, 1, T, TableWindow("lw", "hw"))  # judges no past: no memory needed
+    assert m.forget(lambda s: s.position <= pos(20)) == 1
+    assert m.remembers_all  # the horizon passed everything that was dropped
+    m.open_chunk(3, 1, T, PositionWindow(start=pos(25), close_at=pos(40)))
+    m.set_rows(3, rows(1, 2))
+    assert summary(m.feed(Heartbeat(pos(40)))) == [
+        ("r", 1, pos(30).dumped_row(0)),
+    ]  # key 2 was changed at 30, past the snapshot, before the window existed
+
+
+def test_a_restarted_merge_refuses_windows_until_the_horizon_passes_the_unknown_past():
+    m = WatermarkMerge(unknown_past=Seen(None, (), pos(0), xid=41))
+    window = SnapshotXidWindow(40, 45, frozenset({41}), close_at=pos(100))
+    assert not m.remembers_all
+    with pytest.raises(HistoryLost):
+        m.open_chunk(1, 1, T, window)
+    m.forget(SnapshotXidWindow(41, 45, frozenset(), close_at=pos(1)).forgettable)
+    assert not m.remembers_all  # xid 41 may be one of the unknown, still running at xmin 41
+    m.forget(SnapshotXidWindow(42, 45, frozenset(), close_at=pos(1)).forgettable)
+    assert m.remembers_all
+    m.open_chunk(1, 1, T, window)
 
 
 # ------------------------------------------------------------------- protocol and bookkeeping

@@ -14,7 +14,7 @@ from airflow_dblog.window import (
     SnapshotXidWindow,
     TableWindow,
     Window,
-    WindowError,
+    XidSnapshot,
     widen_xid,
 )
 
@@ -127,12 +127,32 @@ def test_xid_window_validation_and_pg_snapshot_text():
         SnapshotXidWindow(5, 8, frozenset({8}), Position.postgres(1))
 
 
-def test_registration_after_the_end_is_refused():
-    w = SnapshotXidWindow(9, 9, frozenset(), Position.postgres(500))
-    w.check_registration(None)
-    w.check_registration(Position.postgres(500))  # a heartbeat may sit right at the end
-    with pytest.raises(WindowError):
-        w.check_registration(Position.postgres(501))
+def test_snapshot_judges_changes_logged_before_it_and_knows_what_it_can_forget():
+    """A commit is in the WAL before it is visible: a change read earlier may still be unseen."""
+    w = SnapshotXidWindow(100, 105, frozenset({102}), Position.postgres(500))
+    held = change(Position.postgres(10), xid=102)  # logged long before, still in progress
+    assert w.judges_past and w.contains_past(held)
+    assert not w.contains_past(change(Position.postgres(10), xid=101))
+    assert not w.forgettable(held)  # a later snapshot may still miss it
+    assert w.forgettable(change(Position.postgres(10), xid=99))  # below xmin: seen by all
+    assert not w.forgettable(change(Position.postgres(10)))  # no xid: keep
+
+
+def test_table_window_judges_the_past_only_with_a_snapshot():
+    """MySQL: binlog_order_commits makes everything before the LW visible; PostgreSQL: not."""
+    plain = TableWindow("lw", "hw")
+    assert not plain.judges_past and not plain.contains_past(change(Position.mysql(1, 2)))
+    snap = XidSnapshot.parse("100:105:102")
+    pg = TableWindow("lw", "hw", snap)
+    assert pg.judges_past
+    assert pg.contains_past(change(Position.postgres(1), xid=102))
+    assert not pg.contains_past(change(Position.postgres(1), xid=103))
+    assert pg.contains(change(Position.postgres(1), xid=103))  # inside LW..HW: every change
+    assert pg.forgettable(change(Position.postgres(1), xid=99))
+    assert not pg.forgettable(change(Position.postgres(1), xid=102))
+    for bad in ["1:2", "x:2:", "1:2:3:4", "5:4:", "5:8:9"]:
+        with pytest.raises(ValueError):
+            XidSnapshot.parse(bad)
 
 
 # ------------------------------------------------------------------------------------- gtid
@@ -179,9 +199,11 @@ def test_position_window():
     assert w.closes_before(change(Position.mysql(3, 1019)))
     with pytest.raises(ValueError):
         PositionWindow(Position.mysql(3, 1000), Position.mysql(2, 1))
-    with pytest.raises(WindowError):
-        w.check_registration(Position.mysql(3, 1019))
-    w.check_registration(Position.mysql(3, 900))
+    # a transaction in the binlog before the window but not yet visible to its snapshot
+    # (semi-sync AFTER_SYNC) lies past ``start``: judged as missed, also when read earlier
+    assert w.contains_past(change(Position.mysql(3, 1019)))
+    assert w.forgettable(change(Position.mysql(3, 900)))
+    assert not w.forgettable(change(Position.mysql(3, 1019)))
 
 
 # ------------------------------------------------------------------------------------- JSON

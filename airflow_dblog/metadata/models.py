@@ -1,8 +1,9 @@
 """SQLAlchemy models of the metadata tables. Alembic migrations in ``migrations/`` create them.
 
 A dump names what to capture; ``dump_tables`` carries each table's keyset cursor (the last
-primary key handed to a chunk) and the maximum key captured when the dump started, so rows
-inserted later are left to the log and the dump ends under constant inserts. Chunks are cut
+primary key handed to a chunk) and its maximum key, read by the stream when it cuts the table's
+first chunk (``bounded``): rows inserted later are left to the log, which the stream was already
+reading, and the dump ends under constant inserts. Chunks are cut
 from that cursor when claimed, so a chunk-size change applies to the next chunk.
 """
 
@@ -53,6 +54,7 @@ class DumpTable(Base):
     table_name: Mapped[str] = mapped_column(String(512))
     key_columns: Mapped[list[str]] = mapped_column(JSON)
     max_key: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)  # None: table was empty
+    bounded: Mapped[bool] = mapped_column(default=True)  # max_key read (by the stream)
     cursor: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)  # last key handed out
     estimated_rows: Mapped[int] = mapped_column(BigInteger, default=0)
     exhausted: Mapped[bool] = mapped_column(default=False)

@@ -69,7 +69,6 @@ class TablePlan:
 
     table: str
     key_columns: list[str]
-    max_key: list[Any] | None
     estimated_rows: int
     key_chunks: list[list[list[Any]]] | None = None  # specific-key dumps: keys cut into chunks
 
@@ -266,11 +265,13 @@ class MetadataStore:
                         dump_id=dump.id,
                         table_name=plan.table,
                         key_columns=plan.key_columns,
-                        max_key=plan.max_key,
+                        max_key=None,
                         cursor=None,
                         estimated_rows=plan.estimated_rows,
-                        # key lists and empty tables have no range left to cut
-                        exhausted=plan.key_chunks is not None or plan.max_key is None,
+                        # a range's bound is read by the stream once its log start is durable;
+                        # key lists have no range to cut
+                        bounded=plan.key_chunks is not None,
+                        exhausted=plan.key_chunks is not None,
                     )
                 )
                 for seq, keys in enumerate(plan.key_chunks or []):
@@ -432,6 +433,24 @@ class MetadataStore:
             s.flush()
             self._start(s, chunk, worker)
             return chunk
+
+    def set_table_bound(self, dump_table_id: int, max_key: list[Any] | None) -> DumpTable:
+        """Record a table's upper key bound (``None``: it is empty, nothing to cut)."""
+        with self.session() as s:
+            table = s.get(DumpTable, dump_table_id, with_for_update=True)
+            if table is None:
+                raise MetadataError(f"no dumped table with id {dump_table_id}")
+            if not table.bounded:
+                table.max_key, table.bounded, table.exhausted = max_key, True, max_key is None
+            return table
+
+    def requeue_chunk(self, chunk_id: int) -> None:
+        """Put a claimed chunk back to be selected again later."""
+        with self.session() as s:
+            chunk = _get_chunk(s, chunk_id)
+            if chunk.state in ("running", "selected"):
+                chunk.state, chunk.window = "pending", None
+                chunk.low_watermark = chunk.high_watermark = None
 
     def split_chunk(self, chunk_id: int, at_key: list[Any]) -> None:
         """Shrink a range chunk to ``(lower, at_key]``; the rest becomes a new pending chunk.

@@ -76,6 +76,10 @@ class Source(Protocol):
         """``table`` strategy: set the stream's row of the watermark table to ``value``."""
         ...
 
+    def ping(self) -> None:
+        """SourceError unless the server answers: tells a dead source from a bad chunk."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -330,7 +330,9 @@ class BinlogReader:
 
     def _start(self, offset: Offset | None) -> tuple[str, int, Position | None]:
         if not offset:
-            file, pos = self.source.master_status()
+            # not SHOW MASTER STATUS: a transaction before it may not be visible yet, and a
+            # dump bound read later would then miss a row the log never shows either
+            file, pos = self.source.visible_status()
             return file, pos, None
         try:
             file, pos = str(offset["file"]), int(offset["pos"])

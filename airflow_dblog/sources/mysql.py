@@ -33,7 +33,7 @@ import pymysql.cursors
 
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.events import Row, TableId
-from airflow_dblog.keys import check_arity, key_in_order
+from airflow_dblog.keys import MAX_KEYS_PER_CHUNK, check_arity, key_in_order
 from airflow_dblog.position import Position, binlog_file_index
 from airflow_dblog.redact import redact
 from airflow_dblog.sources.base import Column, Key, TableSchema
@@ -518,6 +518,10 @@ class MysqlSource:
 
         return self._run("run a query", work)
 
+    def ping(self) -> None:
+        """SourceError unless the server answers (reconnecting once if the connection broke)."""
+        self.query("SELECT 1")
+
     def close(self) -> None:
         self._drop_connection()
 
@@ -866,6 +870,69 @@ class MysqlSource:
 
     # -- snapshot watermark (MariaDB) -------------------------------------------------------
 
+    def _snapshot_status(self, cur: pymysql.cursors.Cursor) -> tuple[str, int]:
+        """Inside a consistent-snapshot transaction: the binlog file/offset it corresponds to.
+
+        MariaDB takes it under the lock that orders engine commits, so it is the end of the last
+        transaction the engine had committed: everything before it is visible to the snapshot,
+        nothing after it is, even a transaction already in the binlog that waits for a
+        semi-sync ACK before its engine commit.
+        """
+        cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+        status = {str(k).lower(): str(v) for k, v in cur.fetchall()}
+        file = status.get("binlog_snapshot_file", "")
+        if not file:
+            raise SourceError(
+                f"MariaDB at {self.where} reports no binlog snapshot position",
+                "enable log_bin on the server or use source.watermark table",
+            )
+        return file, int(status["binlog_snapshot_position"])
+
+    def visible_status(self) -> tuple[str, int]:
+        """(binlog file, end offset) before which every transaction is visible to any later read.
+
+        MariaDB: the consistent-snapshot position (see :meth:`_snapshot_status`); a stream that
+        starts there misses nothing a later SELECT cannot see. MySQL has no such position:
+        ``SHOW MASTER STATUS``, exact with ``binlog_order_commits`` and no semi-sync wait.
+        """
+        if self.flavor != "mariadb":
+            return self.master_status()
+
+        def work(cur: pymysql.cursors.Cursor) -> tuple[str, int]:
+            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+            try:
+                return self._snapshot_status(cur)
+            finally:
+                cur.execute("COMMIT")
+
+        return self._run("read the binlog snapshot position", work)
+
+    def visible_position(self) -> Position:
+        file, offset = self.visible_status()
+        return Position.mysql(binlog_file_index(file), offset, END_OF_EVENT)
+
+    def check_commit_order(self) -> None:
+        """``table`` watermarks: a SELECT after the low watermark's commit must see everything
+        logged before it, which needs engine commits in binlog order (MariaDB always does)."""
+        value = self.variables(["binlog_order_commits"]).get("binlog_order_commits")
+        if value is not None and str(value).upper() in ("OFF", "0"):
+            raise SourceError(
+                f"binlog_order_commits is OFF on {self.where}: commits may become visible out of"
+                " binlog order, so table watermarks could place a stale row",
+                "SET GLOBAL binlog_order_commits = ON, or use source.watermark gtid",
+            )
+
+    def refuse_gtid_watermarks(self) -> None:
+        """MariaDB advances ``@@gtid_binlog_pos`` when a transaction is written to the binlog,
+        before it is visible (group commit, semi-sync ``AFTER_SYNC``): a GTID window could count
+        a change as seen by the SELECT when it was not."""
+        if self.flavor == "mariadb":
+            raise SourceError(
+                f"source.watermark gtid is not exact on MariaDB ({self.where}):"
+                " @@gtid_binlog_pos counts a transaction before it is visible",
+                "set source.watermark: snapshot (read-only and exact on MariaDB) or table",
+            )
+
     def _snapshot(
         self,
         table: TableId,
@@ -885,19 +952,8 @@ class MysqlSource:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
             try:
-                cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
-                status = {str(k).lower(): str(v) for k, v in cur.fetchall()}
-                file = status.get("binlog_snapshot_file", "")
-                if not file:
-                    raise SourceError(
-                        f"MariaDB at {self.where} reports no binlog snapshot position",
-                        "enable log_bin on the server or use source.watermark table",
-                    )
-                position = Position.mysql(
-                    binlog_file_index(file),
-                    int(status["binlog_snapshot_position"]),
-                    END_OF_EVENT,
-                )
+                file, offset = self._snapshot_status(cur)
+                position = Position.mysql(binlog_file_index(file), offset, END_OF_EVENT)
                 if on_snapshot is not None:
                     on_snapshot(position)
                 cur.execute(sql, params)
@@ -937,9 +993,9 @@ class MysqlSource:
         on_snapshot: Callable[[Position], None] | None = None,
     ) -> tuple[list[tuple[Key, Row]], Position]:
         """``select_keys`` in a consistent snapshot, plus the snapshot's binlog position."""
-        if len(keys) > SELECT_KEYS_BATCH * 20:
+        if len(keys) > MAX_KEYS_PER_CHUNK:
             raise InputError(
                 f"{len(keys)} keys in one snapshot chunk",
-                f"use dump.chunk_size <= {SELECT_KEYS_BATCH * 20} for key-list dumps",
+                f"key-list chunks hold at most {MAX_KEYS_PER_CHUNK} keys",
             )
         return self._snapshot(table, lambda: self._keys_sql(table, keys), on_snapshot)

@@ -56,10 +56,11 @@ from psycopg2 import sql
 
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.events import Row, TableId
-from airflow_dblog.keys import check_arity, key_in_order
+from airflow_dblog.keys import MAX_KEYS_PER_CHUNK, check_arity, key_in_order
 from airflow_dblog.position import Position, int_to_lsn, lsn_to_int
 from airflow_dblog.redact import redact
 from airflow_dblog.sources.base import Column, Key, TableSchema
+from airflow_dblog.window import XidSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -523,6 +524,10 @@ class PostgresSource:
 
         return self._run("run a query", work)
 
+    def ping(self) -> None:
+        """SourceError unless the server answers (reconnecting once if the connection broke)."""
+        self.query("SELECT 1")
+
     def close(self) -> None:
         self._drop_connection()
 
@@ -583,6 +588,10 @@ class PostgresSource:
     def current_insert_lsn(self) -> int:
         """``pg_current_wal_insert_lsn()``: includes records not yet written out."""
         return lsn_to_int(str(self.query("SELECT pg_current_wal_insert_lsn()::text")[0][0]))
+
+    def current_snapshot(self) -> XidSnapshot:
+        """``pg_current_snapshot()`` now: its xmin is the horizon every later snapshot is above."""
+        return XidSnapshot.parse(str(self.query("SELECT pg_current_snapshot()::text")[0][0]))
 
     def next_xid(self) -> int:
         """The next 64-bit transaction id (``xmax`` of a fresh snapshot); assigns no xid."""
@@ -1058,10 +1067,10 @@ class PostgresSource:
         on_snapshot: Callable[[SnapshotInfo], None] | None = None,
     ) -> tuple[list[tuple[Key, Row]], SnapshotInfo]:
         """``select_keys`` in one REPEATABLE READ snapshot, plus what that snapshot saw."""
-        if len(keys) > SELECT_KEYS_BATCH * 20:
+        if len(keys) > MAX_KEYS_PER_CHUNK:
             raise InputError(
                 f"{len(keys)} keys in one snapshot chunk",
-                f"use dump.chunk_size <= {SELECT_KEYS_BATCH * 20} for key-list dumps",
+                f"key-list chunks hold at most {MAX_KEYS_PER_CHUNK} keys",
             )
         self.table_info(table)
         if not keys:  # still report the snapshot, so the chunk's window is well defined

@@ -16,7 +16,7 @@ from airflow_dblog.triggers.dblog import DblogDumpTrigger
 def _store(tmp_path: Path) -> tuple[str, MetadataStore, int]:
     url = f"sqlite:///{tmp_path}/meta.db"
     store = MetadataStore(url)
-    plan = TablePlan("app.t", ["id"], None, 3, key_chunks=[[[1]], [[2]], [[3]]])
+    plan = TablePlan("app.t", ["id"], 3, key_chunks=[[[1]], [[2]], [[3]]])
     return url, store, store.create_dump("s", "keys", [plan])
 
 

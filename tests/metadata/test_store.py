@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,15 +32,45 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> MetadataStore:
     store.engine.dispose()
 
 
+def _bounded_dump(
+    store: MetadataStore,
+    table: str,
+    key: list[str],
+    max_key: list[Any] | None,
+    rows: int,
+    **kwargs: Any,
+) -> int:
+    """A range dump whose bound the stream has read (as the chunk executor does first)."""
+    dump_id = store.create_dump("s", "tables", [TablePlan(table, key, rows)], **kwargs)
+    store.set_table_bound(store.dump_tables(dump_id)[0].id, max_key)
+    return dump_id
+
+
 def test_migrations_apply_once_and_are_idempotent(store: MetadataStore) -> None:
-    assert store.revision() == "0001"
+    assert store.revision() == "0002"
     store.upgrade()
-    assert store.revision() == "0001"
+    assert store.revision() == "0002"
+
+
+def test_a_range_dump_waits_for_the_stream_to_read_its_bound(store: MetadataStore) -> None:
+    """The bound is read after the stream's log start is durable, never at request time."""
+    dump_id = store.create_dump("s", "tables", [TablePlan("app.t", ["id"], 100)])
+    (table,) = store.dump_tables(dump_id)
+    assert (table.bounded, table.exhausted, table.max_key) == (False, False, None)
+    store.finish_empty_dumps("s")
+    assert store.progress(dump_id).state == "pending"  # not "done": nothing was read yet
+    bound = store.set_table_bound(table.id, [42])
+    assert (bound.bounded, bound.exhausted, bound.max_key) == (True, False, [42])
+    assert store.set_table_bound(table.id, [99]).max_key == [42]  # read once
+    chunk = store.cut_range_chunk(table.id, None, None, "w1")
+    assert chunk is not None and chunk.upper_key == [42]
+    store.requeue_chunk(chunk.id)
+    assert store.chunk(chunk.id).state == "pending"
 
 
 def test_range_chunks_are_cut_from_the_cursor_and_finish_the_dump(store: MetadataStore) -> None:
-    dump_id = store.create_dump(
-        "s", "tables", [TablePlan("app.t", ["a", "b"], [9, "z"], 25)], "tester", chunk_size=10
+    dump_id = _bounded_dump(
+        store, "app.t", ["a", "b"], [9, "z"], 25, requested_by="tester", chunk_size=10
     )
     assert store.progress(dump_id).chunks_total == 3
     table = store.dump_tables(dump_id)[0]
@@ -65,7 +96,7 @@ def test_range_chunks_are_cut_from_the_cursor_and_finish_the_dump(store: Metadat
 
 def test_key_list_chunks_and_requeue_after_restart(store: MetadataStore) -> None:
     dump_id = store.create_dump(
-        "s", "keys", [TablePlan("app.t", ["id"], [5], 2, key_chunks=[[[1], [2]], [[5]]])]
+        "s", "keys", [TablePlan("app.t", ["id"], 2, key_chunks=[[[1], [2]], [[5]]])]
     )
     assert store.progress(dump_id).chunks_total == 2
     chunk = store.claim_pending_chunk(dump_id, "w1")
@@ -77,7 +108,7 @@ def test_key_list_chunks_and_requeue_after_restart(store: MetadataStore) -> None
 
 
 def test_pause_resume_cancel_state_machine(store: MetadataStore) -> None:
-    dump_id = store.create_dump("s", "tables", [TablePlan("app.t", ["id"], [100], 100)])
+    dump_id = _bounded_dump(store, "app.t", ["id"], [100], 100)
     assert store.apply(dump_id, "pause").state == "paused"
     assert store.runnable_dumps("s") == []
     assert store.apply(dump_id, "resume").state == "pending"  # never started
@@ -92,7 +123,7 @@ def test_pause_resume_cancel_state_machine(store: MetadataStore) -> None:
 
 def test_no_chunk_starts_or_moves_on_after_a_cancel(store: MetadataStore) -> None:
     """The race the live stream hits: a chunk whose SELECT runs while the dump is cancelled."""
-    dump_id = store.create_dump("s", "tables", [TablePlan("app.t", ["id"], [100], 100)])
+    dump_id = _bounded_dump(store, "app.t", ["id"], [100], 100)
     table = store.dump_tables(dump_id)[0]
     inflight = store.cut_range_chunk(table.id, None, [10], "w1")
     assert inflight is not None
@@ -109,7 +140,7 @@ def test_no_chunk_starts_or_moves_on_after_a_cancel(store: MetadataStore) -> Non
 def test_a_newer_lease_token_fences_every_write_of_the_old_leader(store: MetadataStore) -> None:
     old = MetadataStore(store.url, upgrade=False)
     old.take_lead(Fence("s", 7), "host-a")
-    dump_id = store.create_dump("s", "tables", [TablePlan("app.t", ["id"], [100], 100)])
+    dump_id = _bounded_dump(store, "app.t", ["id"], [100], 100)
     table = store.dump_tables(dump_id)[0]
     assert old.cut_range_chunk(table.id, None, [10], "a") is not None
     store.take_lead(Fence("s", 9), "host-b")
@@ -126,7 +157,7 @@ def test_a_newer_lease_token_fences_every_write_of_the_old_leader(store: Metadat
 
 
 def test_empty_table_dump_finishes_without_chunks(store: MetadataStore) -> None:
-    dump_id = store.create_dump("s", "tables", [TablePlan("app.empty", ["id"], None, 0)])
+    dump_id = _bounded_dump(store, "app.empty", ["id"], None, 0)
     store.finish_empty_dumps("s")
     assert store.progress(dump_id).state == "done"
 
