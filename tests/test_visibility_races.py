@@ -18,6 +18,7 @@ asserted directly on a private server (semi-sync is server-wide: never on the sh
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 import uuid
@@ -56,6 +57,7 @@ class HeldCommit:
     conn: Any
     thread: threading.Thread
     error: list[BaseException]
+    notices: list[str] = dataclasses.field(default_factory=list)
 
     @classmethod
     def start(cls, conn: Any) -> HeldCommit:
@@ -79,6 +81,7 @@ class HeldCommit:
         self.thread.join(timeout_s)
         assert not self.thread.is_alive(), "T's COMMIT did not return after its release"
         assert not self.error, f"T's COMMIT failed: {self.error[0]!r}"
+        self.notices = list(getattr(self.conn, "notices", []))  # psycopg2 keeps the WARNINGs
         self.conn.close()
 
 
@@ -234,7 +237,7 @@ def _delta_path(config: Config, table: TableId) -> Path:
 def _delta_v(spark: Any, config: Config, table: TableId) -> dict[int, int]:
     """id -> v of the live rows in Delta ({} before the table's first commit)."""
     path = _delta_path(config, table)
-    if not (path / "_delta_log").exists():
+    if not any((path / "_delta_log").glob("*.json")):  # the directory comes before the commit
         return {}
     rows = spark.read.format("delta").load(str(path)).where("NOT _dblog_deleted").collect()
     return {r["id"]: r["v"] for r in rows}
@@ -339,6 +342,7 @@ def test_postgres_dump_during_a_held_commit_never_puts_the_old_version_back(
         with admin.cursor() as cur:  # T commits locally and becomes visible (a WARNING for T)
             cur.execute("SELECT pg_cancel_backend(%s)", (pid,))
     held.join()
+    assert any("canceling wait for synchronous replication" in n for n in held.notices)
     assert _read_v(admin, quoted, K) == NEW
 
     with admin.cursor() as cur:
