@@ -89,9 +89,21 @@ def _until(what: str, done: Callable[[], bool], timeout_s: float, stream: Stream
     deadline = time.monotonic() + timeout_s
     while not done():
         if stream is not None:
-            stream.check_alive()
+            _check_alive(stream, what)
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.3)
+
+
+def _check_alive(stream: Stream, what: str) -> None:
+    """Fail with the stream's one-line error: its log tail is mostly JVM stack frames."""
+    assert stream.proc is not None
+    if stream.proc.poll() is not None:
+        lines = stream.log.read_text(errors="replace").splitlines()
+        errors = [line for line in lines if line.startswith("dblog: error:")]
+        pytest.fail(
+            f"the stream exited with {stream.proc.returncode} waiting for {what}: "
+            f"{errors or lines[-20:]}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
