@@ -293,7 +293,7 @@ def _source(sec: _Section | None, name: str) -> SourceConfig:
     watermark = sec.choice("watermark", WATERMARKS, "table")
     if watermark == "gtid" and kind != "mysql":
         raise ConfigError(
-            "source.watermark gtid needs a MySQL or MariaDB source",
+            "source.watermark gtid needs a MySQL source",
             "use table or snapshot for PostgreSQL",
         )
     slot = sec.string("slot", None)

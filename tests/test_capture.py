@@ -393,17 +393,21 @@ def _alter_after_first_select(
     """Run ``ddl`` right after the first chunk SELECT returns, before its high watermark:
     the one moment a real ALTER can straddle a chunk, made certain."""
     source = capture.executor.source
-    select_range = source.select_range
     done: list[bool] = []
 
-    def select_then_alter(*args: Any, **kwargs: Any) -> Any:
-        rows = select_range(*args, **kwargs)
-        if not done:
-            done.append(True)
-            execute(db, ddl)
-        return rows
+    def then_alter(select: Callable[..., Any]) -> Callable[..., Any]:
+        def select_then_alter(*args: Any, **kwargs: Any) -> Any:
+            rows = select(*args, **kwargs)
+            if not done:
+                done.append(True)
+                execute(db, ddl)
+            return rows
 
-    monkeypatch.setattr(source, "select_range", select_then_alter)
+        return select_then_alter
+
+    # PostgreSQL's table watermark selects in a snapshot too (it judges the log by it)
+    for name in ("select_range", "snapshot_select_range"):
+        monkeypatch.setattr(source, name, then_alter(getattr(source, name)))
 
 
 @pytest.mark.parametrize("change", ["add", "drop"])

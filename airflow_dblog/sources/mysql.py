@@ -936,9 +936,10 @@ class MysqlSource:
     def _snapshot(
         self,
         table: TableId,
-        build: Callable[[], tuple[str, list[Any]]],
+        build: Callable[[], list[tuple[str, list[Any]]]],
         on_snapshot: Callable[[Position], None] | None,
     ) -> tuple[list[tuple[Key, Row]], Position]:
+        """The statements ``build`` returns, all in one consistent snapshot."""
         if self.flavor != "mariadb":
             raise SourceError(
                 f"watermark snapshot needs MariaDB; MySQL at {self.where} ({self.version})"
@@ -946,7 +947,7 @@ class MysqlSource:
                 "set source.watermark: gtid (read-only) or table",
             )
         key = self._key(table)
-        sql, params = build()
+        statements = build()
 
         def work(cur: pymysql.cursors.Cursor) -> tuple[list[tuple[Key, Row]], Position]:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -956,8 +957,10 @@ class MysqlSource:
                 position = Position.mysql(binlog_file_index(file), offset, END_OF_EVENT)
                 if on_snapshot is not None:
                     on_snapshot(position)
-                cur.execute(sql, params)
-                rows = self._fetch_rows(cur, key)
+                rows = []
+                for sql, params in statements:
+                    cur.execute(sql, params)
+                    rows.extend(self._fetch_rows(cur, key))
                 cur.execute("COMMIT")
             except BaseException:
                 try:
@@ -983,7 +986,7 @@ class MysqlSource:
         ``on_snapshot`` runs after the snapshot is taken and before the SELECT (for tests).
         """
         return self._snapshot(
-            table, lambda: self._range_sql(table, "*", lower, upper, limit), on_snapshot
+            table, lambda: [self._range_sql(table, "*", lower, upper, limit)], on_snapshot
         )
 
     def snapshot_select_keys(
@@ -998,4 +1001,12 @@ class MysqlSource:
                 f"{len(keys)} keys in one snapshot chunk",
                 f"key-list chunks hold at most {MAX_KEYS_PER_CHUNK} keys",
             )
-        return self._snapshot(table, lambda: self._keys_sql(table, keys), on_snapshot)
+        # batches as select_keys (one huge OR list is slow to plan); the snapshot spans them all
+        return self._snapshot(
+            table,
+            lambda: [
+                self._keys_sql(table, keys[i : i + SELECT_KEYS_BATCH])
+                for i in range(0, len(keys), SELECT_KEYS_BATCH)
+            ],
+            on_snapshot,
+        )

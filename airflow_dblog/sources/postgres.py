@@ -1014,10 +1014,11 @@ class PostgresSource:
     def _snapshot(
         self,
         table: TableId,
-        build: Callable[[], tuple[sql.Composed, list[Any]]],
+        build: Callable[[], list[tuple[sql.Composed, list[Any]]]],
         on_snapshot: Callable[[SnapshotInfo], None] | None,
     ) -> tuple[list[tuple[Key, Row]], SnapshotInfo]:
-        query, params = build()
+        """The statements ``build`` returns, all in one REPEATABLE READ snapshot."""
+        statements = build()
 
         def work(cur: psycopg2.extensions.cursor) -> tuple[list[tuple[Key, Row]], SnapshotInfo]:
             cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -1030,8 +1031,10 @@ class PostgresSource:
                 info = SnapshotInfo.parse(snapshot, lsn_to_int(lsn))
                 if on_snapshot is not None:
                     on_snapshot(info)
-                cur.execute(query, params)
-                rows = self._fetch_rows(cur, table)
+                rows = []
+                for query, params in statements:
+                    cur.execute(query, params)
+                    rows.extend(self._fetch_rows(cur, table))
                 cur.execute("COMMIT")
             except BaseException:
                 try:
@@ -1057,7 +1060,7 @@ class PostgresSource:
         """
         self.table_info(table)
         return self._snapshot(
-            table, lambda: self.range_sql(table, None, lower, upper, limit=limit), on_snapshot
+            table, lambda: [self.range_sql(table, None, lower, upper, limit=limit)], on_snapshot
         )
 
     def snapshot_select_keys(
@@ -1073,8 +1076,13 @@ class PostgresSource:
                 f"key-list chunks hold at most {MAX_KEYS_PER_CHUNK} keys",
             )
         self.table_info(table)
-        if not keys:  # still report the snapshot, so the chunk's window is well defined
-            return self._snapshot(
-                table, lambda: self.range_sql(table, None, None, None, limit=0), on_snapshot
-            )
-        return self._snapshot(table, lambda: self.keys_sql(table, keys), on_snapshot)
+        # batches as select_keys: one statement of thousands of composite keys exceeds the
+        # server's stack depth; the snapshot spans them all
+        return self._snapshot(
+            table,
+            lambda: [
+                self.keys_sql(table, keys[i : i + SELECT_KEYS_BATCH])
+                for i in range(0, len(keys), SELECT_KEYS_BATCH)
+            ],
+            on_snapshot,
+        )
