@@ -26,6 +26,8 @@ Function-scoped isolation:
 - ``kafka_topics``-> callable new_topic(partitions=1, config=None) -> str, all deleted afterwards
 - ``zk_path``     -> str: an existing, unique znode path (use as a chroot:
                      ``zookeeper_server.connect_string(zk_path)``), deleted recursively afterwards
+- ``stream_factory`` -> callable make(config_path) -> stream_process.Stream (not started); every
+                     stream still running at the end is stopped
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import services  # tests/services.py, importable from any test directory
+from stream_process import Stream
 
 
 @pytest.fixture(scope="session")
@@ -104,6 +107,20 @@ def zk_path(
 ) -> Iterator[str]:
     with services.fresh_zk_path(zookeeper_server, request.node.name) as path:
         yield path
+
+
+@pytest.fixture
+def stream_factory() -> Iterator[Callable[[Path], Stream]]:
+    streams: list[Stream] = []
+
+    def make(path: Path) -> Stream:
+        streams.append(Stream(path))
+        return streams[-1]
+
+    yield make
+    for s in streams:
+        if s.proc is not None:
+            s.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""``dblog stream -c FILE`` as a child process, for the end-to-end tests."""
+"""``dblog stream -c FILE`` as a child process, and its config, for the end-to-end tests."""
 
 from __future__ import annotations
 
@@ -7,9 +7,70 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from workload import Db
+
+HA_SESSION_S = 4
+
+
+def write_config(
+    db: Db,
+    tmp_path: Path,
+    chunk_size: int,
+    delay_ms: int = 0,
+    kafka: str | None = None,
+    signal_topic: str | None = None,
+    zookeeper: str | None = None,
+    metadata_url: str | None = None,
+    watermark: str = "table",
+    tables: Sequence[str] | None = None,
+) -> Path:
+    """A fresh stream (new name, metadata, checkpoint) of ``tables`` (default: ``db``'s table)."""
+    path = tmp_path / "stream.yaml"
+    name = f"st-{uuid.uuid4().hex[:8]}"
+    signals = f", signal_topic: {signal_topic}" if signal_topic else ""
+    kafka_sink = (
+        f", kafka: {{bootstrap_servers: '{kafka}', topic_prefix: {name}{signals}}}" if kafka else ""
+    )
+    path.write_text(
+        f"""
+name: {name}
+source:
+  type: {db.kind}
+  url: {db.url}
+  tables: [{", ".join(tables or [str(db.table())])}]
+  watermark: {watermark}
+metadata: {{url: "{metadata_url or f"sqlite:///{tmp_path}/meta.db"}"}}
+dump: {{chunk_size: {chunk_size}, parallelism: 2, delay_ms: {delay_ms}}}
+sinks: {{delta: {{path: {tmp_path}/delta}}{kafka_sink}}}
+checkpoint: {tmp_path}/checkpoint
+spark:
+  master: "local[2]"
+  conf: {{spark.ui.enabled: false, spark.sql.shuffle.partitions: 2}}
+"""
+        + (
+            f"ha: {{zookeeper: '{zookeeper}', session_timeout_s: {HA_SESSION_S}}}\n"
+            if zookeeper
+            else ""
+        )
+    )
+    return path
+
+
+def until(what: str, done: Callable[[], bool], timeout_s: float, stream: Stream) -> None:
+    """Poll ``done`` every half second; fail if the stream dies or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        stream.check_alive()
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
 
 
 class Stream:
@@ -19,8 +80,10 @@ class Stream:
         self.config_path = config_path
         self.log = config_path.with_suffix(f".{name}.log" if name else ".log")
         self.proc: subprocess.Popen[bytes] | None = None
+        self.run_starts_at = 0  # where this run's output begins in the log
 
     def start(self) -> None:
+        self.run_starts_at = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "airflow_dblog.cli", "stream", "-c", str(self.config_path)],
@@ -66,6 +129,23 @@ class Stream:
             assert time.monotonic() < deadline, "the stream did not start"
             time.sleep(0.5)
         store.engine.dispose()
+
+    def wait_running(self, timeout_s: float = 180) -> None:
+        """Until this run of the process has logged that its query and capture thread run.
+
+        Its reader has its start position by then, and no batch has been committed yet (the
+        first one takes seconds of Spark): the moment to kill "before the first commit".
+        """
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with open(self.log, "rb") as log:
+                log.seek(self.run_starts_at)
+                if b" running: " in log.read():
+                    return
+            self.check_alive()
+            assert time.monotonic() < deadline, "the stream did not start running"
+            time.sleep(0.05)
 
     def check_alive(self) -> None:
         assert self.proc is not None
