@@ -146,9 +146,7 @@ class WatermarkMerge:
                     f" {window.describe()} window must judge are no longer remembered",
                     "the chunk is selected again once the source's horizon has passed them",
                 )
-            changed = {
-                s.key for s in self._history if s.table == table and window.contains_past(s)
-            }
+            changed = {s.key for s in self._history if s.table == table and window.contains_past(s)}
         self._open[chunk_id] = _Chunk(
             chunk_id, dump_id, table, window, window.starts_open, changed=changed
         )

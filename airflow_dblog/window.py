@@ -125,7 +125,6 @@ def _reached(item: LogItem, close_at: Position) -> bool:
     return item.position.log_part() >= close_at.log_part()
 
 
-
 @dataclass(frozen=True)
 class XidSnapshot:
     """A PostgreSQL snapshot (``pg_current_snapshot()``): which transactions a SELECT saw.

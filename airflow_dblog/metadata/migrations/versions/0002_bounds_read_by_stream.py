@@ -19,9 +19,7 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table("dblog_dump_tables") as batch:
-        batch.add_column(
-            sa.Column("bounded", sa.Boolean, nullable=False, server_default=sa.true())
-        )
+        batch.add_column(sa.Column("bounded", sa.Boolean, nullable=False, server_default=sa.true()))
 
 
 def downgrade() -> None:
