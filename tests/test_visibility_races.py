@@ -341,7 +341,7 @@ def test_postgres_dump_during_a_held_commit_never_puts_the_old_version_back(
         _until(
             "T's change in Delta",
             lambda: _delta_v(spark, config, table).get(K) == NEW,
-            180,
+            300,
             stream,
         )
         assert _read_v(admin, quoted, K) == OLD, "T is already visible: the race did not happen"
@@ -571,7 +571,7 @@ def test_mariadb_semi_sync_dump_during_a_held_commit_never_puts_the_old_version_
         _until(
             "T's change in Delta",
             lambda: _delta_v(spark, config, MARIADB_TABLE).get(K) == NEW,
-            180,
+            300,
             stream,
         )
         assert _read_v(admin, MARIADB_QUOTED, K) == OLD, "T is visible: the race did not happen"
