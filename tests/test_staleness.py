@@ -160,7 +160,7 @@ def test_no_key_ever_goes_back_in_delta_or_kafka(
     kills = list(case.kills)
     hits = []
     started = time.monotonic()
-    with versioned_writers(db, seed, pause_s=WRITER_PAUSE_S) as counts:
+    with versioned_writers(db, seed, pause_s=WRITER_PAUSE_S, rows=ROWS) as counts:
         time.sleep(1)
         if case.dump == "before":
             run.request_dump()
