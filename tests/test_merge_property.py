@@ -134,6 +134,7 @@ class Sim:
         self.log: list[LogItem] = []
         self.fed = 0
         self.merge = self.new_merge(resumed=False)
+        self.restarts: list[int] = []  # where the output stood at each restart
         self.out: list[ChangeEvent] = []
         self.closed: list[ClosedChunk] = []
         self.version = 0
@@ -406,6 +407,7 @@ class Sim:
         if self.merge.open_count() or self.pending:
             return
         self.merge = self.new_merge(resumed=True)
+        self.restarts.append(len(self.out))
         event("restart")
 
     # ------------------------------------------------------------------------------- dumps
@@ -598,14 +600,19 @@ def check(sim: Sim) -> None:
     # log events come out unchanged, in log order, none lost
     assert [e for e in out if e.op != "r"] == [e for e in sim.log if isinstance(e, ChangeEvent)]
 
-    # no time travel: positions strictly increase, overall and so per key
-    positions = [e.position for e in out]
-    assert all(a < b for a, b in pairwise(positions)), "positions must increase"
-    last: dict[tuple[TableId, int], Position] = {}
-    for e in out:
-        k = (e.table, e.key[0])
-        assert k not in last or last[k] < e.position
-        last[k] = e.position
+    # no time travel: positions strictly increase, overall and so per key. Across a restart
+    # the log parts only do not go back: a fresh merge knows nothing of the dumped rows placed
+    # before it, so rows it places at the same point reuse their row indices (same values)
+    bounds = [0, *sim.restarts, len(out)]
+    for lo, hi in pairwise(bounds):
+        positions = [e.position for e in out[lo:hi]]
+        assert all(a < b for a, b in pairwise(positions)), "positions must increase"
+        last: dict[tuple[TableId, int], Position] = {}
+        for e in out[lo:hi]:
+            k = (e.table, e.key[0])
+            assert k not in last or last[k] < e.position
+            last[k] = e.position
+    assert all(a.position.log_part() <= b.position.log_part() for a, b in pairwise(out))
 
     # every dumped row is the key's true value at the point of the log where it is placed
     truth = copy.deepcopy(sim.initial)
