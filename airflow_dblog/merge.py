@@ -39,7 +39,7 @@ from typing import Any
 from airflow_dblog.errors import DblogError
 from airflow_dblog.events import ChangeEvent, Heartbeat, LogItem, Row, TableId, WatermarkEvent
 from airflow_dblog.position import Position
-from airflow_dblog.window import Window, WindowError
+from airflow_dblog.window import Window, WindowError, later_xid
 
 Key = tuple[Any, ...]
 Rows = Sequence[tuple[Sequence[Any], Row]]
@@ -168,11 +168,14 @@ class WatermarkMerge:
         if len(self._history) > self._history_limit:
             old = self._history.popleft()
             lost = self._lost
-            self._lost = Seen(  # the greatest of everything dropped so far
+            xid = old.xid if lost is None or lost.xid is None else lost.xid
+            if old.xid is not None and xid is not None:
+                xid = later_xid(xid, old.xid)
+            self._lost = Seen(  # the latest of everything dropped so far
                 None,
                 (),
                 old.position if lost is None else max(lost.position, old.position),
-                old.xid if lost is None or lost.xid is None else max(lost.xid, old.xid or 0),
+                xid,
                 old.gtid,
             )
 

@@ -101,7 +101,10 @@ class Window:
     def from_dict(data: dict[str, Any]) -> Window:
         kind = data.get("kind")
         if kind == TableWindow.kind:
-            return TableWindow(data["low"], data["high"])
+            snap = data.get("snapshot")
+            return TableWindow(
+                data["low"], data["high"], None if snap is None else XidSnapshot(*snap)
+            )
         if kind == SnapshotXidWindow.kind:
             return SnapshotXidWindow(
                 int(data["xmin"]),
@@ -123,6 +126,15 @@ class Window:
 
 def _reached(item: LogItem, close_at: Position) -> bool:
     return item.position.log_part() >= close_at.log_part()
+
+
+def later_xid(a: int, b: int) -> int:
+    """The later of two transaction ids, each 32-bit (wal2json) or xid8.
+
+    Compared by their low 32 bits on the circle, as PostgreSQL compares xids: a plain ``max``
+    is wrong across the 32-bit wraparound and between an xid8 and a 32-bit xid.
+    """
+    return a if (a - b) % _XID32 < _XID32 // 2 else b
 
 
 @dataclass(frozen=True)
@@ -226,7 +238,13 @@ class TableWindow(Window):
         return f"table({self.low}..{self.high})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "low": self.low, "high": self.high}
+        snap = self.snapshot
+        return {
+            "kind": self.kind,
+            "low": self.low,
+            "high": self.high,
+            "snapshot": None if snap is None else [snap.xmin, snap.xmax, sorted(snap.xip)],
+        }
 
 
 def widen_xid(xid: int, reference: int) -> int:

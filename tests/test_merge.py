@@ -463,7 +463,6 @@ def _dump_after_lost_memory(m: WatermarkMerge, snap: XidSnapshot) -> list[Change
     return [e for e in m.feed(Heartbeat(Position.postgres(99))) if e.op == "r"]
 
 
-@pytest.mark.xfail(strict=True, reason="merge._remember takes max() of 32-bit xids")
 def test_dropped_memory_is_not_forgotten_early_across_the_32_bit_xid_wraparound():
     m = WatermarkMerge(history_limit=1)
     m.feed(_pg(1, 10, 2**32 - 2))
@@ -473,7 +472,6 @@ def test_dropped_memory_is_not_forgotten_early_across_the_32_bit_xid_wraparound(
     assert _dump_after_lost_memory(m, snap) == []
 
 
-@pytest.mark.xfail(strict=True, reason="merge._remember: max() of an xid8 and 32-bit xids")
 def test_dropped_memory_after_a_restart_in_a_later_xid_epoch_is_not_forgotten_early():
     epoch = 2**32
     m = WatermarkMerge(history_limit=1, unknown_past=Seen(None, (), pos(0), xid=epoch + 5))
@@ -483,7 +481,6 @@ def test_dropped_memory_after_a_restart_in_a_later_xid_epoch_is_not_forgotten_ea
     assert _dump_after_lost_memory(m, snap) == []
 
 
-@pytest.mark.xfail(strict=True, reason="TableWindow.to_dict leaves out the snapshot")
 def test_a_table_window_with_a_snapshot_round_trips_through_json():
     window = TableWindow("L", "H", XidSnapshot(5, 9, frozenset({6})))
     assert Window.from_dict(json.loads(json.dumps(window.to_dict()))) == window
