@@ -217,20 +217,6 @@ spark:
     return path
 
 
-@pytest.fixture
-def stream_factory() -> Iterator[Callable[[Path], Stream]]:
-    streams: list[Stream] = []
-
-    def make(path: Path) -> Stream:
-        streams.append(Stream(path))
-        return streams[-1]
-
-    yield make
-    for s in streams:
-        if s.proc is not None:
-            s.stop()
-
-
 def _started_stream(
     config_path: Path, stream_factory: Callable[[Path], Stream]
 ) -> tuple[Config, MetadataStore, Stream]:
