@@ -1,12 +1,14 @@
 """Delta Lake sink: the current state of every source table, one Delta table each.
 
-Each micro-batch is applied with one MERGE per table: the batch keeps the latest position per
-key, and a row is updated only if the incoming ``_dblog_position`` is newer than the stored one,
-so a replayed or late event can never move a key back. A delete becomes a tombstone row
+Each micro-batch is applied with up to two MERGEs per table (dumped rows, log rows): the batch
+keeps the latest position per key, and a row is updated only if the incoming
+``_dblog_position`` is newer than the stored one, so a replayed or late event can never move a
+key back. A delete becomes a tombstone row
 (``_dblog_deleted = true``, key columns kept, the rest null), which keeps the guard working for
 that key; tombstones older than ``tombstone_retention_hours`` are removed. Every MERGE carries
-Delta's idempotent-write transaction id (stream name, batch id): a replayed batch commits
-nothing. Tables are created with the change data feed on.
+Delta's idempotent-write transaction id (stream name and part, the batch's last spool segment):
+a replayed batch commits nothing. Tables are created with the change data feed (users read it)
+and deletion vectors on: an update marks the old row deleted instead of rewriting its file.
 
 Column types follow the source's declared types; values arrive as the spool's plain JSON and
 are cast on the executors.
@@ -89,12 +91,12 @@ class DeltaSink:
     def table_path(self, table: TableId) -> str:
         return f"{self.config.path.rstrip('/')}/{table.db}/{table.table}"
 
-    def write_frame(self, batch_id: int, events: DataFrame, tables: Collection[str]) -> None:
+    def write_frame(self, version: int, events: DataFrame, tables: Collection[str]) -> None:
         """Apply one batch of events (the spool's event frame) to every table it touches."""
         for name in tables:
             table = TableId.parse(name)
             self._follow_schema(table)
-            self._merge(batch_id, table, events.where(events["table"] == name))
+            self._merge(version, table, events.where(events["table"] == name))
         for table in self.schemas:
             self._purge_tombstones(table)
 
@@ -132,15 +134,63 @@ class DeltaSink:
         kept = [c for c in schema.columns if c.name not in now]
         self.schemas[table] = replace(current, columns=(*current.columns, *kept))
 
-    def _merge(self, batch_id: int, table: TableId, events: DataFrame) -> None:
+    def _merge(self, version: int, table: TableId, events: DataFrame) -> None:
+        """Upsert the newest event of each key, in up to two MERGEs: dumped rows, log rows.
+
+        Dumped rows arrive in key order, chunk after chunk: their MERGE bounds the target by
+        the key range they span, so Delta reads only the files overlapping it (the files
+        earlier dump batches wrote) instead of joining against the whole table. Log rows
+        touch any key and get the plain MERGE. The two hold different keys (one newest event
+        per key), so their order does not matter; each commits under its own transaction app
+        id, so a replay skips exactly the parts already committed.
+        """
         from pyspark.sql import functions as F
 
         schema = self.schemas[table]
-        latest = self._latest(events).select(
-            *self._columns(schema, events), F.col("unavailable").alias("_unavailable")
+        first = schema.key[0]
+        latest = (
+            self._latest(events)
+            .select(
+                *self._columns(schema, events),
+                F.col("unavailable").alias("_unavailable"),
+                (F.col("op") == "r").alias("_dumped"),
+            )
+            .persist()
         )
+        try:
+            parts = latest.groupBy("_dumped").agg(
+                F.min(quoted(first)).alias("low"), F.max(quoted(first)).alias("high")
+            )
+            for part in parts.collect():
+                rows = latest.where(F.col("_dumped") == part["_dumped"])
+                if part["_dumped"]:
+                    within = (F.col(f"t.{quoted(first)}") >= F.lit(part["low"])) & (
+                        F.col(f"t.{quoted(first)}") <= F.lit(part["high"])
+                    )
+                    self._merge_rows(f"{self.app_id}/dump", version, table, rows, within)
+                else:
+                    self._merge_rows(f"{self.app_id}/log", version, table, rows, None)
+        finally:
+            latest.unpersist()
+
+    def _merge_rows(
+        self,
+        app_id: str,
+        version: int,
+        table: TableId,
+        rows: DataFrame,
+        within: SparkColumn | None,
+    ) -> None:
+        """One guarded MERGE; ``within`` bounds the target rows it can match (file skipping)."""
+        from pyspark.sql import functions as F
+
+        schema = self.schemas[table]
         target = self._table(table)
-        on = " AND ".join(f"t.{quoted(k)} <=> s.{quoted(k)}" for k in schema.key)
+        on = F.lit(True)
+        for k in schema.key:
+            on = on & F.col(f"t.{quoted(k)}").eqNullSafe(F.col(f"s.{quoted(k)}"))
+        if within is not None:
+            on = on & within
         keep_unavailable = {
             c.name: F.when(
                 F.array_contains(F.col("s._unavailable"), c.name), F.col(f"t.{quoted(c.name)}")
@@ -155,12 +205,12 @@ class DeltaSink:
             **{quoted(c.name): F.col(f"s.{quoted(c.name)}") for c in schema.columns},
         }
         conf = self.spark.conf
-        conf.set(_TXN_APP, self.app_id)
-        conf.set(_TXN_VERSION, str(batch_id))
+        conf.set(_TXN_APP, app_id)
+        conf.set(_TXN_VERSION, str(version))
         try:
             (
                 target.alias("t")
-                .merge(latest.alias("s"), on)
+                .merge(rows.alias("s"), on)
                 .whenMatchedUpdate(condition="s._dblog_position > t._dblog_position", set=update)
                 .whenNotMatchedInsert(values=insert)
                 .execute()
@@ -221,6 +271,7 @@ class DeltaSink:
             .location(path)
             .addColumns(T.StructType(columns))
             .property("delta.enableChangeDataFeed", "true")
+            .property("delta.enableDeletionVectors", "true")
             .execute()
         )
 

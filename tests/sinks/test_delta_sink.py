@@ -210,3 +210,27 @@ def test_source_columns_added_or_dropped_while_streaming_and_a_new_key_is_refuse
     ):
         _write(sink, 4, [last])
     assert _state(sink) == state
+
+
+def test_dumped_and_log_rows_of_one_batch_merge_apart_and_keep_the_guard(sink: DeltaSink) -> None:
+    _write(sink, 1, [_event("c", 1, 1, 20), _event("c", 2, 1, 21), _event("c", 3, 1, 22)])
+    dumped = [
+        _event("r", 1, 2, 30),  # newer than the stored row: replaces it
+        _event("r", 2, 2, 15),  # older: ignored, though in the dump's key range
+        _event("r", 4, 2, 31),  # a key Delta does not hold: inserted
+        _event("r", 5, 2, 32),
+    ]
+    _write(sink, 2, [*dumped, _event("u", 3, 3, 33), _event("u", 5, 3, 34)])
+    state = _state(sink)
+    assert {a: state[a]["qty"] for a in state} == {1: 2, 2: 1, 3: 3, 4: 2, 5: 3}
+    assert state[5]["_dblog_op"] == "u"  # the log's later change of a dumped key wins
+    version = _version(sink)
+    _write(sink, 2, [*dumped, _event("u", 3, 99, 60)])  # replayed: both parts skipped
+    assert _version(sink) == version
+
+
+def test_tables_have_deletion_vectors(sink: DeltaSink) -> None:
+    _write(sink, 1, [_event("c", 1, 5, 10)])
+    detail = sink.spark.sql(f"DESCRIBE DETAIL delta.`{sink.table_path(TABLE)}`").collect()[0]
+    assert detail["properties"]["delta.enableDeletionVectors"] == "true"
+    assert "deletionVectors" in detail["tableFeatures"]
