@@ -13,6 +13,7 @@ the sinks.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -37,7 +38,9 @@ CONTROLS_REFRESH_S = 1.0
 SEGMENT_S = 0.25  # a segment holds at most this much of the log...
 SEGMENT_EVENTS = 5000  # ...or this many events
 IDLE_SEGMENT_S = 1.0  # heartbeats alone: a segment a second
-MAX_PENDING_SEGMENTS = 40  # one micro-batch of backlog: then the dump waits for Spark
+# Dump rows in the spool that not every sink holds yet, in chunks of the dump's size: beyond it
+# the next chunk waits, so a busy log and a dump share the sinks' throughput and neither starves
+DUMP_ROWS_IN_FLIGHT_CHUNKS = 2
 
 
 @dataclass
@@ -113,14 +116,16 @@ class Capture:
         offset = self.reader.offset()
         position = str(items[-1].position) if items else None
         self._record_commit(
-            offset, self.batch_id, position, bool(output), [closed_record(c) for c in closed]
+            {"reader": offset, "batch_id": self.batch_id},
+            position,
+            bool(output),
+            [closed_record(c) for c in closed],
         )
         self.reader.acknowledge(offset)
 
     def _record_commit(
         self,
-        offset: Offset,
-        batch_id: int,
+        source_offset: dict[str, Any],
         position: str | None,
         had_events: bool,
         closed: Sequence[dict[str, Any]],
@@ -128,7 +133,7 @@ class Capture:
         """The sinks hold the batch: save where the log stands, then complete its chunks."""
         self.store.save_stream_state(
             self.config.name,
-            source_offset={"reader": offset, "batch_id": batch_id},
+            source_offset=source_offset,
             position=position,
             heartbeat_at=utcnow(),
             **({"last_event_at": utcnow()} if had_events else {}),
@@ -201,7 +206,10 @@ class SpooledCapture(Capture):
         self._ack_lock = threading.Lock()
         self._ack: Offset | None = None
         self._spooled_at = 0.0
-        self._committed_end = seqs[0] if seqs else 0  # segments before it are in every sink
+        # dump rows per segment that not every sink holds yet (the dump's share of the backlog)
+        self._dump_in_flight: collections.deque[tuple[int, int]] = collections.deque()
+        # segment numbers never restart, even if the spool was deleted: sinks key batches by them
+        spool.continue_after(int(saved.get("segment", -1)))
         self._pending: list[ChangeEvent] = []
         self._pending_closed: list[ClosedChunk] = []
         self._pending_position: str | None = None
@@ -220,8 +228,11 @@ class SpooledCapture(Capture):
         return self.store.requeue_inflight(self.config.name, keep=self._durable)
 
     def _start_chunks(self) -> int:
-        if self.spool.end() - self._committed_end > MAX_PENDING_SEGMENTS:
-            return 0  # Spark is behind: read the log on, but add no dump rows to the backlog
+        budget = DUMP_ROWS_IN_FLIGHT_CHUNKS * self.settings.chunk_size * self.settings.parallelism
+        with self._ack_lock:
+            in_flight = sum(rows for _, rows in self._dump_in_flight)
+        if in_flight >= budget:
+            return 0  # the sinks have not caught up with the dump's last chunks: log first
         return super()._start_chunks()
 
     def step(self, max_items: int = 5000, timeout_s: float = 0.2) -> StepResult:
@@ -252,7 +263,8 @@ class SpooledCapture(Capture):
             return
         self._spooled_at = now
         self.store.check_fence()  # a deposed leader must not add to the new one's spool
-        self.spool.append(
+        dumped = sum(1 for e in self._pending if e.chunk_id is not None)
+        seq = self.spool.append(
             self._pending,
             {
                 "batch_id": self.batch_id,
@@ -262,20 +274,23 @@ class SpooledCapture(Capture):
             },
         )
         self._pending, self._pending_closed = [], []
+        if dumped:
+            with self._ack_lock:
+                self._dump_in_flight.append((seq, dumped))
 
     def committed(self, footers: Sequence[dict[str, Any]]) -> None:
         """Every sink holds these segments: complete their chunks, save and free the log."""
         if not footers:
             return
         last = max(footers, key=lambda f: f["seq"])
-        self._committed_end = max(self._committed_end, last["seq"] + 1)
         positions = [f["position"] for f in footers if f["position"]]
         self._record_commit(
-            last["reader"],
-            last["batch_id"],
+            {"reader": last["reader"], "batch_id": last["batch_id"], "segment": last["seq"]},
             max(positions) if positions else None,
             any(f["events"] for f in footers),
             [c for f in footers for c in f["closed"]],
         )
         with self._ack_lock:
             self._ack = last["reader"]
+            while self._dump_in_flight and self._dump_in_flight[0][0] <= last["seq"]:
+                self._dump_in_flight.popleft()

@@ -33,11 +33,11 @@ MAX_SEGMENTS_PER_BATCH = 40  # at most 40 x 5,000 events per micro-batch
 
 
 class SegmentPartition(InputPartition):
-    """Consecutive segments ``first`` .. ``last`` (inclusive), read by one task."""
+    """Consecutive segments, read by one task."""
 
-    def __init__(self, directory: str, first: int, last: int) -> None:
-        super().__init__((first, last))
-        self.directory, self.first, self.last = directory, first, last
+    def __init__(self, directory: str, seqs: list[int]) -> None:
+        super().__init__(tuple(seqs))
+        self.directory, self.seqs = directory, seqs
 
 
 class ChangelogStreamReader(DataSourceStreamReader):
@@ -49,23 +49,26 @@ class ChangelogStreamReader(DataSourceStreamReader):
         return {"segment": seqs[0] if seqs else 0}
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict:
-        end = Spool(self.directory).end()
-        if start is not None:  # a backlog is taken in bites: batch memory stays bounded
-            end = min(end, int(start["segment"]) + MAX_SEGMENTS_PER_BATCH)
+        seqs = Spool(self.directory).segments()
+        end = seqs[-1] + 1 if seqs else 0
+        if start is not None and seqs:  # a backlog is taken in bites: batch memory stays bounded
+            # numbering may jump (a deleted spool continues after the last committed segment)
+            first = next((seq for seq in seqs if seq >= int(start["segment"])), end)
+            end = max(int(start["segment"]), min(end, first + MAX_SEGMENTS_PER_BATCH))
         return {"segment": end}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         first, stop = int(start["segment"]), int(end["segment"])
-        size = max(1, -(-(stop - first) // MAX_PARTITIONS))  # ceiling division
+        seqs = [seq for seq in Spool(self.directory).segments() if first <= seq < stop]
+        size = max(1, -(-len(seqs) // MAX_PARTITIONS))  # ceiling division
         return [
-            SegmentPartition(self.directory, seq, min(seq + size, stop) - 1)
-            for seq in range(first, stop, size)
+            SegmentPartition(self.directory, seqs[i : i + size]) for i in range(0, len(seqs), size)
         ]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[int, bool, str]]:
         assert isinstance(partition, SegmentPartition)
         spool = Spool(partition.directory)
-        for seq in range(partition.first, partition.last + 1):
+        for seq in partition.seqs:
             for line in spool.lines(seq):
                 yield seq, is_footer(line), line
 

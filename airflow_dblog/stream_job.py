@@ -2,12 +2,13 @@
 
 One process per source. A capture thread runs :class:`~airflow_dblog.capture.SpooledCapture`:
 it reads the binlog/WAL, runs chunks between reads (low watermark, SELECT, high watermark),
-merges them with the log and writes each merged batch as a durable spool segment. A Spark
-Structured Streaming query reads the spool through the ``dblog_changelog`` source and, in
-``foreachBatch``, writes the batch through every sink (Delta MERGE, keyed and guarded), then
-completes the batch's chunks, saves the reader offset and lets the capture thread acknowledge
-the source. A kill at any point replays at most the batch in flight: Spark re-plans the same
-segments, the sinks skip what they hold, the capture thread resumes after the last segment.
+merges them with the log and writes each merged batch as a durable spool segment. Each sink
+has its own Spark Structured Streaming query (and checkpoint, ``<checkpoint>/spark/<sink>``)
+reading the spool through the ``dblog_changelog`` source, so Kafka's latency does not include
+Delta's MERGE. Once every sink holds a segment (:mod:`~airflow_dblog.sink_progress`), its
+chunks are completed, the reader offset saved and the source acknowledged. A kill at any point
+replays at most each query's batch in flight: Spark re-plans the same segments, the sinks skip
+what they hold, the capture thread resumes after the last segment.
 
 Memory on the driver is bounded by the batch size: one chunk of rows per open chunk in the
 capture, and one micro-batch (at most 40 segments) of Kafka messages; the events are parsed and
@@ -21,7 +22,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -31,6 +32,7 @@ from airflow_dblog.errors import DblogError
 from airflow_dblog.events import TableId
 from airflow_dblog.leader import LeaderLease
 from airflow_dblog.metadata import MetadataStore
+from airflow_dblog.sink_progress import SinkProgress
 from airflow_dblog.sources import open_reader, open_source
 from airflow_dblog.sources.base import TableSchema
 from airflow_dblog.spark_env import build_spark_session
@@ -42,6 +44,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TRIGGER = "500 milliseconds"
+# Kafka's latency is the point of Kafka; Delta's MERGE costs about the same for 1 or 10,000 rows
+TRIGGERS = {"kafka": "100 milliseconds", "delta": "1 second"}
 _DEFAULT_MASTER = object()
 
 # The spool's event line as Spark parses it; row images stay JSON text for each sink to type.
@@ -52,12 +56,16 @@ EVENT_DDL = (
 
 
 class FrameSink(Protocol):
-    """A Spark sink: ``write_frame`` is idempotent per batch id and never moves a key back."""
+    """A Spark sink: ``write_frame`` is idempotent per version and never moves a key back."""
 
     name: str
 
-    def write_frame(self, batch_id: int, events: DataFrame, tables: Collection[str]) -> None:
-        """``tables``: the ``db.table`` names with events in the batch."""
+    def write_frame(self, version: int, events: DataFrame, tables: Collection[str]) -> None:
+        """``version``: the batch's last spool segment; a sink that holds it writes nothing.
+
+        ``events`` carries each event's spool segment (``seq``); ``tables``: the ``db.table``
+        names with events in the batch.
+        """
         ...
 
     def close(self) -> None: ...
@@ -88,50 +96,23 @@ def build_sinks(
 
 
 class BatchCommitter:
-    """``foreachBatch``: sinks first, then chunks, offsets and the source acknowledgement."""
+    """``foreachBatch`` of one sink's query: write the batch, then report the segments held.
 
-    def __init__(self, capture: SpooledCapture, sinks: Sequence[FrameSink], spool: Spool) -> None:
-        self.capture, self.sinks, self.spool = capture, list(sinks), spool
+    The batch's idempotence id is its last spool segment: segment numbers never restart (the
+    stream state keeps the last one), so a replayed batch, or one cut differently after
+    ``<checkpoint>/spark`` was deleted, is recognised by the sink whatever Spark's batch ids.
+    """
 
-    def _write_sinks(
-        self, batch_id: int, events: DataFrame, tables: Collection[str]
-    ) -> dict[str, float]:
-        """Every sink writes the batch at once, each in its own thread; returns seconds per sink.
-
-        The sinks share only the cached events: the Kafka sink's producer runs on the driver
-        while Delta's MERGE keeps the executors busy, so a batch lasts about as long as its
-        slowest sink, not their sum. The first failure is raised once all have finished.
-        """
-        from pyspark import InheritableThread  # keeps the query's job group and properties
-
-        took: dict[str, float] = {}
-        errors: list[BaseException] = []
-
-        def write(sink: FrameSink) -> None:
-            sink_started = time.monotonic()
-            try:
-                sink.write_frame(batch_id, events, tables)
-            except BaseException as err:
-                errors.append(err)
-            took[sink.name] = time.monotonic() - sink_started
-
-        threads = [InheritableThread(target=write, args=(sink,)) for sink in self.sinks[1:]]
-        for thread in threads:
-            thread.start()
-        write(self.sinks[0])
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise errors[0]
-        return took
+    def __init__(self, sink: FrameSink, progress: SinkProgress, store: MetadataStore) -> None:
+        self.sink, self.progress, self.store = sink, progress, store
 
     def __call__(self, lines: DataFrame, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
         started = time.monotonic()
-        self.capture.store.check_fence()
-        # parsed once and cached: every sink reads the same events, in spool (= log) order
+        self.store.check_fence()
         parsed = lines.select(
+            "seq",
             "footer",
             F.when(F.col("footer"), F.col("line")).alias("line"),
             F.when(~F.col("footer"), F.from_json("line", EVENT_DDL)).alias("e"),
@@ -143,28 +124,23 @@ class BatchCommitter:
             ]
             if not footers:
                 return
-            events = parsed.where(~F.col("footer")).select("e.*")
             count = sum(f["events"] for f in footers)
-            tables = sorted({table for f in footers for table in f["tables"]})
-            read_s = time.monotonic() - started
-            sink_s = self._write_sinks(batch_id, events, tables) if count else {}
-            self.capture.committed(footers)
-            closed = sum(len(f["closed"]) for f in footers)
-            first = min(f["seq"] for f in footers)
-            # segments before this batch belong to batches Spark has committed
-            self.spool.drop_before(first)
+            if count:
+                events = parsed.where(~F.col("footer")).select("seq", "e.*")
+                tables = sorted({table for f in footers for table in f["tables"]})
+                self.sink.write_frame(max(f["seq"] for f in footers), events, tables)
+            committed = self.progress.held(self.sink.name, footers)
+            closed = sum(len(f["closed"]) for f in committed)
             if count or closed:
                 log.info(
-                    "batch %d: segments %d-%d, %d events, %d chunks completed in %.1f s"
-                    " (read %.1f s%s)",
+                    "%s batch %d: segments %d-%d, %d events in %.1f s; %d chunks completed",
+                    self.sink.name,
                     batch_id,
-                    first,
+                    min(f["seq"] for f in footers),
                     max(f["seq"] for f in footers),
                     count,
-                    closed,
                     time.monotonic() - started,
-                    read_s,
-                    "".join(f", {name} {s:.1f} s" for name, s in sink_s.items()),
+                    closed,
                 )
         finally:
             parsed.unpersist()
@@ -226,16 +202,18 @@ def run_stream(
 
         capture.signals = SignalChannel(config, store)
     thread = CaptureThread(capture)
-    query = (
+    progress = SinkProgress([sink.name for sink in sinks], capture.committed, spool.drop_before)
+    queries = [
         spark.readStream.format(NAME)
         .option("path", str(spool.dir))
         .load()
-        .writeStream.queryName(f"dblog-{config.name}")
-        .foreachBatch(BatchCommitter(capture, sinks, spool))
-        .option("checkpointLocation", str(checkpoint / "spark"))
-        .trigger(processingTime=TRIGGER)
+        .writeStream.queryName(f"dblog-{config.name}-{sink.name}")
+        .foreachBatch(BatchCommitter(sink, progress, store))
+        .option("checkpointLocation", str(checkpoint / "spark" / sink.name))
+        .trigger(processingTime=TRIGGERS.get(sink.name, TRIGGER))
         .start()
-    )
+        for sink in sinks
+    ]
     thread.start()
     log.info(
         "stream %s running: %s -> %s", config.name, config.source.type, [s.name for s in sinks]
@@ -248,12 +226,13 @@ def run_stream(
                 raise thread.error
             if not thread.is_alive():
                 raise DblogError("the capture thread stopped", "see the log above for why")
-            if _terminated(query):
+            if any(_terminated(query, 1.0 / len(queries)) for query in queries):
                 break
     finally:
         thread.stopping.set()
         thread.join(timeout=30)
-        query.stop()
+        for query in queries:
+            query.stop()
         capture.close()
         for sink in sinks:
             sink.close()
@@ -264,12 +243,12 @@ def run_stream(
     return 0
 
 
-def _terminated(query: Any) -> bool:
+def _terminated(query: Any, wait_s: float) -> bool:
     """Whether the query ended; its failure as one line (Spark's message spans pages)."""
     from pyspark.errors import StreamingQueryException
 
     try:
-        return bool(query.awaitTermination(1.0))
+        return bool(query.awaitTermination(wait_s))
     except StreamingQueryException as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise DblogError(

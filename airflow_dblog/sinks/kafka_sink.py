@@ -6,10 +6,11 @@ tombstone (null value) follows each delete so compacted topics forget the key.
 
 Every micro-batch is one Kafka transaction of a producer whose ``transactional.id`` is the
 stream's: a consumer with ``isolation.level=read_committed`` sees a batch completely or not at
-all, and a restarted job fences off the old producer. The batch id is written in the same
-transaction, as a message on the stream's own marker topic ``<prefix>.__dblog_batches.<stream>``
-(compacted, one partition, written only by this producer): a replayed batch whose id is already
-there is skipped, so a crash between Kafka's commit and Spark's does not write the batch twice.
+all, and a restarted job fences off the old producer. The batch's last spool segment is written
+in the same transaction, as a message on the stream's own marker topic
+``<prefix>.__dblog_batches.<stream>`` (compacted, one partition, written only by this producer):
+events of segments up to the marker are skipped, so a crash between Kafka's commit and Spark's,
+or a batch cut differently after Spark's checkpoint was lost, writes nothing twice.
 (A marker message, not a consumer-group offset via ``send_offsets_to_transaction``: librdkafka
 can block in that call past its timeout when the group coordinator restarts.)
 """
@@ -218,14 +219,14 @@ class KafkaSink:
         )
         self._committed: int | None = None
 
-    def committed_batch(self) -> int:
-        """The last batch id this sink committed (-1 if none)."""
+    def committed_segment(self) -> int:
+        """The last spool segment this sink committed (-1 if none)."""
         if self._committed is None:
             self._committed = self._last_marker()
         return self._committed
 
     def _last_marker(self) -> int:
-        """The newest committed marker's batch id, read backwards in growing windows.
+        """The newest committed marker's segment, read backwards in growing windows.
 
         ``init_transactions`` has aborted whatever the previous producer left open, so the
         partition is readable to its end; aborted markers are invisible under read_committed.
@@ -269,14 +270,19 @@ class KafkaSink:
                     )
                 if msg.offset() >= end:
                     return found
-                found = int(json.loads(msg.value())["batch_id"])
+                # markers of versions before 0.2 carry Spark batch ids, not segments: ignored
+                segment = json.loads(msg.value()).get("segment")
+                found = found if segment is None else int(segment)
         finally:
             self.consumer.unassign()
 
-    def write_frame(self, batch_id: int, events: DataFrame, tables: Collection[str]) -> None:
-        if batch_id <= self.committed_batch():
-            log.info("kafka: batch %d is already committed; skipped", batch_id)
+    def write_frame(self, version: int, events: DataFrame, tables: Collection[str]) -> None:
+        committed = self.committed_segment()
+        if version <= committed:
+            log.info("kafka: segments up to %d are already committed; skipped", version)
             return
+        if "seq" in events.columns:  # a batch that starts inside what Kafka holds
+            events = events.where(events["seq"] > committed)
         messages = message_frame(
             events, self.schemas, tables, self.stream, self.source_kind, self.config
         )
@@ -284,7 +290,7 @@ class KafkaSink:
         # brings it to the driver in columnar batches, far cheaper than pickled rows
         table = messages.toArrow()
         self.write_messages(
-            batch_id,
+            version,
             (
                 message
                 for batch in table.to_batches()
@@ -292,8 +298,8 @@ class KafkaSink:
             ),
         )
 
-    def write_messages(self, batch_id: int, messages: Iterable[Message]) -> int:
-        """One transaction: every message (a tombstone after each delete), then the batch id.
+    def write_messages(self, version: int, messages: Iterable[Message]) -> int:
+        """One transaction: every message (a tombstone after each delete), then the version.
 
         Returns the messages sent.
         """
@@ -305,7 +311,7 @@ class KafkaSink:
                 if tombstone:
                     self._produce(topic, key, None)
                 sent += 1 + tombstone
-            self._produce(self.marker_topic, self.stream, _json({"batch_id": batch_id}))
+            self._produce(self.marker_topic, self.stream, _json({"segment": version}))
             self._commit()
         except BaseException:
             try:
@@ -313,7 +319,7 @@ class KafkaSink:
             except Exception as err:  # the original error matters more
                 log.warning("kafka: aborting the transaction failed too: %s", err)
             raise
-        self._committed = batch_id
+        self._committed = version
         return sent
 
     def _commit(self) -> None:

@@ -49,9 +49,16 @@ def _row(
     return record
 
 
-def _frame(spark: Any, rows: list[dict[str, Any]]) -> Any:
+def _frame(spark: Any, rows: list[dict[str, Any]], seqs: list[int] | None = None) -> Any:
+    """The event frame a batch hands the sink; ``seqs``: each event's spool segment."""
     columns = [c.split()[0] for c in EVENT_DDL.split(",")]
-    return spark.createDataFrame([tuple(r[c] for c in columns) for r in rows], EVENT_DDL)
+    frame = spark.createDataFrame([tuple(r[c] for c in columns) for r in rows], EVENT_DDL)
+    if seqs is None:
+        return frame
+    return spark.createDataFrame(
+        [(seq, *row) for seq, row in zip(seqs, frame.collect(), strict=True)],
+        f"seq BIGINT, {EVENT_DDL}",
+    )
 
 
 def _messages(
@@ -102,6 +109,21 @@ def test_batch_becomes_envelopes_with_a_tombstone_after_each_delete(
     assert updated["source"]["gtid"] == "0-1-5" and updated["source"]["connector"] == "mysql"
 
 
+def test_a_batch_cut_differently_sends_only_the_segments_kafka_lacks(
+    kafka_server: Any, sink_factory: Any, spark: Any
+) -> None:
+    """Spark's checkpoint lost: the new query's first batch spans segments Kafka holds."""
+    sink = sink_factory()
+    held = [_row("c", 1, 5, 10), _row("u", 1, 6, 11)]
+    sink.write_frame(4, _frame(spark, held, seqs=[3, 4]), [str(TABLE)])
+    recut = _frame(spark, [*held, _row("u", 1, 7, 12)], seqs=[3, 4, 5])
+    sink.write_frame(5, recut, [str(TABLE)])
+    topic = topic_name(sink.config.topic_prefix, TABLE)
+    values = [v["after"]["qty"] for _, v in read_committed(kafka_server.bootstrap_servers, topic)]
+    assert values == [5, 6, 7]
+    assert sink.committed_segment() == 5
+
+
 def test_replayed_batch_is_skipped_even_by_a_restarted_sink(
     kafka_server: Any, sink_factory: Any, spark: Any
 ) -> None:
@@ -110,7 +132,7 @@ def test_replayed_batch_is_skipped_even_by_a_restarted_sink(
     first.write_frame(1, _frame(spark, [_row("u", 1, 6, 11)]), [str(TABLE)])
     first.close()
     again = sink_factory(stream="replay")  # a new process: same transactional id, fences the old
-    assert again.committed_batch() == 1
+    assert again.committed_segment() == 1
     topic = topic_name(again.config.topic_prefix, TABLE)
     again.write_frame(1, _frame(spark, [_row("u", 1, 99, 50)]), [str(TABLE)])
     again.write_frame(2, _frame(spark, [_row("u", 1, 7, 12), _row("u", 1, 8, 13)]), [str(TABLE)])
@@ -131,7 +153,7 @@ def test_a_failed_batch_leaves_nothing_visible(
 
     with pytest.raises(OSError):
         sink.write_messages(0, broken())
-    assert sink.committed_batch() == -1
+    assert sink.committed_segment() == -1
     sink.write_messages(0, _messages(spark, [_row("c", 3, 5, 12)], prefix=prefix))
     messages = read_committed(
         kafka_server.bootstrap_servers, topic_name(sink.config.topic_prefix, TABLE)
@@ -140,7 +162,7 @@ def test_a_failed_batch_leaves_nothing_visible(
     for batch_id in range(1, 21):  # 20 aborted markers: more than the first window read back
         with pytest.raises(OSError):
             sink.write_messages(batch_id, broken())
-    assert sink_factory(stream=sink.stream).committed_batch() == 0
+    assert sink_factory(stream=sink.stream).committed_segment() == 0
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,56 @@
+"""Which spool segments every sink holds: one Spark query per sink, one commit for the stream.
+
+Each sink runs its own streaming query over the spool (Kafka does not wait for Delta's MERGE),
+so the sinks reach a segment at different times. A segment's footer (reader offset, chunks it
+closed) is committed to the stream, and the source may free the log behind it, only once every
+sink holds it; a segment is deleted only once no query can replay it (each query replays at
+most its current batch, from that batch's first segment).
+
+The sink that reaches a segment last reports its footer before its own Spark commit, so a crash
+in between makes that sink replay the batch and report it again: no footer is lost.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+Footer = dict[str, Any]
+
+
+class SinkProgress:
+    """Thread-safe: each sink's query calls :meth:`held` from its own thread."""
+
+    def __init__(
+        self,
+        sinks: Sequence[str],
+        commit: Callable[[list[Footer]], None],
+        trim: Callable[[int], Any],
+    ) -> None:
+        """``commit(footers)`` records segments every sink holds, in order; ``trim(seq)``
+        deletes the segments below ``seq``."""
+        self._commit, self._trim = commit, trim
+        self._held = dict.fromkeys(sinks, -1)  # the last segment each sink holds
+        self._replay_from = dict.fromkeys(sinks, 0)  # each query's current batch starts here
+        self._footers: dict[int, Footer] = {}  # segments some sink holds but not every one
+        self._lock = threading.Lock()
+
+    def held(self, sink: str, footers: Sequence[Footer]) -> list[Footer]:
+        """``sink`` holds the batch with these footers; returns the footers now committed."""
+        if not footers:
+            return []
+        seqs = [f["seq"] for f in footers]
+        with self._lock:
+            for footer in footers:
+                self._footers[footer["seq"]] = footer
+            self._held[sink] = max(self._held[sink], max(seqs))
+            self._replay_from[sink] = min(seqs)
+            everywhere = min(self._held.values())
+            ready = [self._footers.pop(s) for s in sorted(self._footers) if s <= everywhere]
+            # committed under the lock: the stream's offset only moves forward
+            if ready:
+                self._commit(ready)
+            trim_below = min(self._replay_from.values())
+        self._trim(trim_below)
+        return ready
