@@ -277,6 +277,7 @@ def debezium_properties(
         "debezium.format.value.schemas.enable=false",
         "quarkus.http.host=127.0.0.1",
         "quarkus.http.port=0",  # any free port: nothing here uses its HTTP endpoints
+        "quarkus.log.console.json.enabled=false",  # plain text lines in the log
     ]
     return "\n".join([*lines, *extra]) + "\n"
 
