@@ -33,6 +33,7 @@ fails.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -199,15 +200,17 @@ def delete_topics(prefixes: list[str]) -> None:
                 print(f"could not delete a topic: {err}", file=sys.stderr)
 
 
-def wait_for(what: str, done: Any, proc: subprocess.Popen[bytes], log: Path) -> None:
-    """Poll ``done()`` every 10 ms; fail if ``proc`` exits or TIMEOUT_S passes."""
+def wait_for(
+    what: str, done: Any, proc: subprocess.Popen[bytes], log: Path, every: float = 0.01
+) -> None:
+    """Poll ``done()`` every ``every`` s; fail if ``proc`` exits or TIMEOUT_S passes."""
     deadline = time.monotonic() + TIMEOUT_S
     while not done():
         if proc.poll() is not None:
             raise RuntimeError(f"{what}: the process exited ({proc.returncode}); see {log}")
         if time.monotonic() > deadline:
             raise RuntimeError(f"{what}: not after {TIMEOUT_S:.0f} s; see {log}")
-        time.sleep(0.01)
+        time.sleep(every)
 
 
 def probe_until_seen(
@@ -379,7 +382,7 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
             stderr=subprocess.STDOUT,
         )
     try:
-        wait_for("the stream state row", lambda: store.stream_state(config.name), proc, log)
+        wait_for("the stream state row", lambda: store.stream_state(config.name), proc, log, 0.1)
         result["startup_to_state_row_s"] = round(time.monotonic() - started, 2)
         probe_until_seen(conn, db, watch, probe, proc, log)
         result["startup_to_first_change_s"] = round(watch.first_at[probe] - started, 2)
@@ -392,13 +395,15 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
             watch.reached_at.pop(bench, None)
             watch.target[bench] = rows
             requested = time.monotonic()
-            assert dblog(["dump", "-c", str(config_path), "--table", f"{db}.bench"]) == 0
+            with contextlib.redirect_stdout(sys.stderr):  # stdout: the JSON alone
+                assert dblog(["dump", "-c", str(config_path), "--table", f"{db}.bench"]) == 0
             dump_id = max(d.id for d in store.dumps(config.name))
             wait_for(
                 f"dump {dump_id} done",
                 lambda dump_id=dump_id: store.progress(dump_id).state == "done",
                 proc,
                 log,
+                0.1,  # a metadata query per poll: not more often
             )
             done = time.monotonic() - requested
             emitted = store.progress(dump_id).rows_emitted
