@@ -29,7 +29,10 @@ LINES = StructType(
 
 
 MAX_PARTITIONS = 4  # a batch's segments are split into at most this many Spark tasks
-MAX_SEGMENTS_PER_BATCH = 40  # at most 40 x 5,000 events per micro-batch
+PARTITION_BYTES = 8 << 20  # ...of about this much spool each: a small batch is one task
+# A backlog is taken in bites of this much spool (~150,000 events): memory stays bounded, and
+# a sink with a high cost per batch (Delta's MERGE) catches up with bigger batches, not more
+MAX_BATCH_BYTES = 48 << 20
 
 
 class SegmentPartition(InputPartition):
@@ -49,18 +52,26 @@ class ChangelogStreamReader(DataSourceStreamReader):
         return {"segment": seqs[0] if seqs else 0}
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict:
-        seqs = Spool(self.directory).segments()
-        end = seqs[-1] + 1 if seqs else 0
-        if start is not None and seqs:  # a backlog is taken in bites: batch memory stays bounded
-            # numbering may jump (a deleted spool continues after the last committed segment)
-            first = next((seq for seq in seqs if seq >= int(start["segment"])), end)
-            end = max(int(start["segment"]), min(end, first + MAX_SEGMENTS_PER_BATCH))
+        spool = Spool(self.directory)
+        seqs = spool.segments()
+        if start is None or not seqs:
+            return {"segment": seqs[-1] + 1 if seqs else 0}
+        end, taken = int(start["segment"]), 0
+        # numbering may jump (a deleted spool continues after the last committed segment)
+        for seq in (seq for seq in seqs if seq >= int(start["segment"])):
+            taken += spool.size(seq)
+            if taken > MAX_BATCH_BYTES and end > int(start["segment"]):
+                break
+            end = seq + 1
         return {"segment": end}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         first, stop = int(start["segment"]), int(end["segment"])
-        seqs = [seq for seq in Spool(self.directory).segments() if first <= seq < stop]
-        size = max(1, -(-len(seqs) // MAX_PARTITIONS))  # ceiling division
+        spool = Spool(self.directory)
+        seqs = [seq for seq in spool.segments() if first <= seq < stop]
+        total = sum(spool.size(seq) for seq in seqs)
+        tasks = min(MAX_PARTITIONS, len(seqs), 1 + total // PARTITION_BYTES)
+        size = max(1, -(-len(seqs) // max(1, tasks)))  # ceiling division
         return [
             SegmentPartition(self.directory, seqs[i : i + size]) for i in range(0, len(seqs), size)
         ]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 from airflow_dblog.config import Config, load_config
 from airflow_dblog.errors import ConfigError, DblogError, InputError
+from airflow_dblog.events import TableId
 from airflow_dblog.metadata import MetadataStore
 from airflow_dblog.redact import redact
 
@@ -84,6 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay-ms", type=int, metavar="N")
     p.add_argument("--parallelism", type=int, metavar="N")
     p.set_defaults(handler=_set)
+
+    p = sub.add_parser(
+        "optimize",
+        help="compact the Delta tables and sort their files by key (safe while streaming)",
+    )
+    _config_arg(p)
+    p.add_argument(
+        "--table", action="append", metavar="DB.TABLE", help="only this table (repeatable)"
+    )
+    p.set_defaults(handler=_optimize)
 
     p = sub.add_parser("db", help="manage the metadata database")
     db_sub = p.add_subparsers(dest="db_command", required=True, metavar="ACTION")
@@ -176,6 +187,46 @@ def _set(args: argparse.Namespace) -> int:
         f"stream {config.name}: chunk_size={settings.chunk_size} delay_ms={settings.delay_ms} "
         f"parallelism={settings.parallelism}"
     )
+    return 0
+
+
+def _optimize(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    if config.delta is None:
+        raise InputError(f"{args.config} has no sinks.delta", "add one, or nothing to optimize")
+    named = args.table or [str(t) for t in config.source.tables]
+    unknown = [t for t in named if t not in {str(t) for t in config.source.tables}]
+    if unknown:
+        raise InputError(
+            f"--table {', '.join(unknown)} is not in source.tables",
+            "name tables the stream captures, as db.table",
+        )
+    tables = [TableId.parse(t) for t in named]
+    from delta.tables import DeltaTable  # imports pyspark: only when optimizing
+
+    from airflow_dblog.sinks.delta_sink import optimize, table_path
+    from airflow_dblog.sources import open_source
+    from airflow_dblog.spark_env import build_spark_session
+
+    source = open_source(config)
+    try:
+        keys = {table: source.describe(table).key[0] for table in tables}
+    finally:
+        source.close()
+    spark = build_spark_session(f"dblog-optimize-{config.name}", config.spark.master)
+    try:
+        for table in tables:
+            path = table_path(config.delta, table)
+            if not DeltaTable.isDeltaTable(spark, path):
+                print(f"{table}: no Delta table at {path} yet")
+                continue
+            done = optimize(spark, path, keys[table])
+            print(
+                f"{table}: {done['files_removed']} files compacted into {done['files_added']},"
+                f" sorted by {keys[table]}"
+            )
+    finally:
+        spark.stop()
     return 0
 
 

@@ -112,6 +112,10 @@ class Spool:
             if p.name[: -len(_SUFFIX)].isdigit()
         )
 
+    def size(self, seq: int) -> int:
+        """The segment's bytes."""
+        return self.path(seq).stat().st_size
+
     def end(self) -> int:
         """One past the last segment: the next segment's number."""
         seqs = self.segments()
@@ -149,12 +153,25 @@ class Spool:
     @staticmethod
     def _write(tmp: Path, seq: int, events: Sequence[ChangeEvent], footer: dict[str, Any]) -> None:
         tables: set[str] = set()
+        logged: set[str] = set()
+        dumped: dict[str, list[Any] | None] = {}  # table -> first key column's [lowest, highest]
         with open(tmp, "w", encoding="utf-8") as out:
             for event in events:
                 out.write(_encode(event_record(event)))
                 out.write("\n")
-                tables.add(str(event.table))
-            summary = {"seq": seq, "events": len(events), "tables": sorted(tables)}
+                table = str(event.table)
+                tables.add(table)
+                if event.chunk_id is None:
+                    logged.add(table)
+                else:
+                    dumped[table] = _span(dumped.get(table, []), event.key[0])
+            summary = {
+                "seq": seq,
+                "events": len(events),
+                "tables": sorted(tables),
+                "logged": sorted(logged),
+                "dump_keys": dumped,
+            }
             out.write(json.dumps({"footer": {**footer, **summary}}))
             out.write("\n")
             out.flush()
@@ -181,6 +198,35 @@ class Spool:
             self.path(old).unlink(missing_ok=True)
             dropped += 1
         return dropped
+
+
+def _span(bounds: list[Any] | None, value: Any) -> list[Any] | None:
+    """``[lowest, highest]`` grown by ``value``; None once a value is not an int or a string.
+
+    Only those compare in Python as Spark compares them (decimals and times are text here).
+    """
+    if bounds is None or type(value) not in (int, str):
+        return None
+    if not bounds:
+        return [value, value]
+    if not isinstance(value, type(bounds[0])):
+        return None
+    return [min(bounds[0], value), max(bounds[1], value)]
+
+
+def dump_bounds(footers: Sequence[dict[str, Any]]) -> dict[str, tuple[Any, Any]]:
+    """Tables whose events in these segments are all dumped rows, with their first key's range.
+
+    A segment from before footers said so counts as having log events.
+    """
+    logged = {t for f in footers for t in f.get("logged", f["tables"])}
+    spans: dict[str, list[Any] | None] = {}
+    for footer in footers:
+        for table, span in footer.get("dump_keys", {}).items():
+            if table not in logged:
+                for value in span or [None]:  # None: this table's keys have no usable order
+                    spans[table] = _span(spans.get(table, []), value)
+    return {table: (span[0], span[1]) for table, span in spans.items() if span}
 
 
 def is_footer(line: str) -> bool:

@@ -36,7 +36,7 @@ from airflow_dblog.sink_progress import SinkProgress
 from airflow_dblog.sources import open_reader, open_source
 from airflow_dblog.sources.base import TableSchema
 from airflow_dblog.spark_env import build_spark_session
-from airflow_dblog.spool import Spool
+from airflow_dblog.spool import Spool, dump_bounds
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -60,11 +60,18 @@ class FrameSink(Protocol):
 
     name: str
 
-    def write_frame(self, version: int, events: DataFrame, tables: Collection[str]) -> None:
+    def write_frame(
+        self,
+        version: int,
+        events: DataFrame,
+        tables: Collection[str],
+        dump_bounds: Mapping[str, tuple[Any, Any]] | None = None,
+    ) -> None:
         """``version``: the batch's last spool segment; a sink that holds it writes nothing.
 
         ``events`` carries each event's spool segment (``seq``); ``tables``: the ``db.table``
-        names with events in the batch.
+        names with events in the batch; ``dump_bounds``: those with dumped rows only, and the
+        range of their first key column (a sink may use it to skip files).
         """
         ...
 
@@ -86,7 +93,8 @@ def build_sinks(
     if config.delta is not None:
         from airflow_dblog.sinks.delta_sink import DeltaSink
 
-        app_id = f"dblog-{config.name}"
+        # versions are spool segments; the plain name held Spark batch ids (before 0.2)
+        app_id = f"dblog-{config.name}/segments"
         sinks.append(DeltaSink(spark, config.delta, schemas, app_id, describe))
     if config.kafka is not None:
         from airflow_dblog.sinks.kafka_sink import KafkaSink
@@ -128,7 +136,8 @@ class BatchCommitter:
             if count:
                 events = parsed.where(~F.col("footer")).select("seq", "e.*")
                 tables = sorted({table for f in footers for table in f["tables"]})
-                self.sink.write_frame(max(f["seq"] for f in footers), events, tables)
+                version = max(f["seq"] for f in footers)
+                self.sink.write_frame(version, events, tables, dump_bounds(footers))
             committed = self.progress.held(self.sink.name, footers)
             closed = sum(len(f["closed"]) for f in committed)
             if count or closed:

@@ -45,7 +45,7 @@ def dblog(*args: str, env_password: str = "pw") -> subprocess.CompletedProcess[s
 def test_help_lists_every_command() -> None:
     result = dblog("--help")
     assert result.returncode == 0
-    for command in ("stream", "dump", "status", "pause", "resume", "cancel", "set", "db"):
+    for command in ("stream", "dump", "status", "pause", "resume", "cancel", "set", "optimize"):
         assert command in result.stdout
     for command in ("stream", "dump", "status", "pause", "resume", "cancel", "set"):
         assert dblog(command, "--help").returncode == 0
@@ -85,6 +85,7 @@ def test_status_pause_resume_cancel_set(config_file: Path, tmp_path: Path) -> No
         (["set", "--delay-ms", "-1"], "delay must be >= 0"),
         (["set"], "nothing to set"),
         (["status", "--dump", "42"], "no dump with id 42"),
+        (["optimize", "--table", "app.other"], "--table app.other is not in source.tables"),
     ],
 )
 def test_bad_input_is_one_line_and_nonzero(

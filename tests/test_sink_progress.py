@@ -1,4 +1,4 @@
-"""One query per sink: a segment is committed once every sink holds it, trimmed once none replays it."""
+"""One query per sink: a segment commits once every sink holds it, goes once none replays it."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import pytest
 from airflow_dblog.errors import DblogError
 from airflow_dblog.events import ChangeEvent, TableId
 from airflow_dblog.position import Position
-from airflow_dblog.spool import Spool, is_footer, plain_value
+from airflow_dblog.spool import Spool, dump_bounds, is_footer, plain_value
 
 TABLE = TableId("db", "t")
 
@@ -38,6 +38,8 @@ def test_segments_are_numbered_whole_files_with_the_footer_last(tmp_path: Path) 
         "seq": 0,
         "events": 2,
         "tables": ["db.t"],
+        "logged": ["db.t"],
+        "dump_keys": {},
     }
     assert spool.footer(1)["closed"] == [{"chunk_id": 7}]
     assert not list(tmp_path.glob(".*.tmp"))  # nothing half-written is left behind
@@ -95,7 +97,7 @@ def test_numbering_continues_after_a_deleted_spool(tmp_path: Path) -> None:
 
 def test_the_changelog_source_reads_across_a_numbering_gap(tmp_path: Path) -> None:
     pytest.importorskip("pyspark")
-    from airflow_dblog.changelog_source import MAX_SEGMENTS_PER_BATCH, ChangelogStreamReader
+    from airflow_dblog.changelog_source import ChangelogStreamReader
 
     spool = Spool(tmp_path)
     spool.continue_after(999)
@@ -104,9 +106,46 @@ def test_the_changelog_source_reads_across_a_numbering_gap(tmp_path: Path) -> No
     reader = ChangelogStreamReader(str(tmp_path))
     start = {"segment": 0}  # a query whose checkpoint predates the gap
     end = reader.latestOffset(start)
-    assert end == {"segment": 1003} and 1003 - 1000 <= MAX_SEGMENTS_PER_BATCH
+    assert end == {"segment": 1003}
     seqs = [seq for p in reader.partitions(start, end) for seq, _, _ in reader.read(p)]
     assert sorted(set(seqs)) == [1000, 1001, 1002]
+
+
+def test_footers_say_which_tables_hold_only_dumped_rows_and_their_key_range(
+    tmp_path: Path,
+) -> None:
+    spool = Spool(tmp_path)
+    other = TableId("db", "u")
+
+    def dumped(table: TableId, key: object) -> ChangeEvent:
+        return ChangeEvent(table, "r", (key,), Position.mysql(1, 9), chunk_id=1, dump_id=1)
+
+    spool.append([dumped(TABLE, 5), dumped(TABLE, 3), dumped(other, "b")], {"closed": []})
+    spool.append([dumped(TABLE, 8), dumped(other, "a"), _event(1)], {"closed": []})
+    spool.append([dumped(other, decimal.Decimal("1.5"))], {"closed": []})
+    footers = [spool.footer(seq) for seq in spool.segments()]
+    assert dump_bounds(footers[:1]) == {"db.t": (3, 5), "db.u": ("b", "b")}
+    assert dump_bounds(footers[:2]) == {"db.u": ("a", "b")}  # db.t has a log event too
+    assert dump_bounds(footers) == {}  # decimals are text here: no order to trust
+
+
+def test_a_backlog_is_read_in_bites_of_bounded_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("pyspark")
+    from airflow_dblog import changelog_source
+
+    spool = Spool(tmp_path)
+    for i in range(10):
+        spool.append([_event(i)] * 50, {"closed": []})
+    monkeypatch.setattr(changelog_source, "MAX_BATCH_BYTES", 3 * spool.size(0))
+    reader = changelog_source.ChangelogStreamReader(str(tmp_path))
+    assert reader.latestOffset(None) == {"segment": 10}  # the first call: where the spool ends
+    assert reader.latestOffset({"segment": 0}) == {"segment": 3}
+    assert reader.latestOffset({"segment": 9}) == {"segment": 10}
+    monkeypatch.setattr(changelog_source, "MAX_BATCH_BYTES", 1)
+    assert reader.latestOffset({"segment": 4}) == {"segment": 5}  # one segment, however big
+    assert len(reader.partitions({"segment": 0}, {"segment": 10})) == 1  # small: one task
 
 
 def test_plain_values_are_what_consumers_can_read() -> None:

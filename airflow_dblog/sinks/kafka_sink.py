@@ -276,7 +276,13 @@ class KafkaSink:
         finally:
             self.consumer.unassign()
 
-    def write_frame(self, version: int, events: DataFrame, tables: Collection[str]) -> None:
+    def write_frame(
+        self,
+        version: int,
+        events: DataFrame,
+        tables: Collection[str],
+        dump_bounds: Mapping[str, Any] | None = None,
+    ) -> None:
         committed = self.committed_segment()
         if version <= committed:
             log.info("kafka: segments up to %d are already committed; skipped", version)
