@@ -202,10 +202,14 @@ class DeltaSink:
         for k in schema.key:
             on = on & F.col(f"t.{quoted(k)}").eqNullSafe(F.col(f"s.{quoted(k)}"))
         if bounds is not None:
-            first = F.col(f"t.{quoted(schema.key[0])}")
             key_type = spark_type(next(c for c in schema.columns if c.name == schema.key[0]))
             low, high = (_typed(key_type, F.lit(str(b))) for b in bounds)
-            on = on & (first >= low) & (first <= high)
+            first = quoted(schema.key[0])
+            if not target.toDF().where(F.col(first).between(low, high)).limit(1).count():
+                # nothing there to match (a first dump): an append is the MERGE's result
+                self._append(version, rows.drop("_unavailable"), table)
+                return
+            on = on & F.col(f"t.{first}").between(low, high)
         keep_unavailable = {
             c.name: F.when(
                 F.array_contains(F.col("s._unavailable"), c.name), F.col(f"t.{quoted(c.name)}")
@@ -243,6 +247,15 @@ class DeltaSink:
         finally:
             conf.unset(_TXN_APP)
             conf.unset(_TXN_VERSION)
+
+    def _append(self, version: int, rows: DataFrame, table: TableId) -> None:
+        (
+            rows.write.format("delta")
+            .mode("append")
+            .option("txnAppId", self.app_id)
+            .option("txnVersion", version)
+            .save(self.table_path(table))
+        )
 
     @staticmethod
     def _latest(events: DataFrame) -> DataFrame:

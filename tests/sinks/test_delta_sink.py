@@ -233,10 +233,20 @@ def test_a_batch_of_dumped_rows_bounded_by_its_key_range_keeps_the_guard(
     _write(sink, 2, dumped, dump_bounds={str(TABLE): (1, 4)})  # replayed: skipped
     assert _version(sink) == version
 
+    # a range Delta holds nothing of (a first dump): appended, with the same idempotence
+    fresh = [_event("r", 20, 5, 40), _event("r", 21, 5, 41)]
+    _write(sink, 3, fresh, dump_bounds={str(TABLE): (20, 21)})
+    _write(sink, 3, fresh, dump_bounds={str(TABLE): (20, 21)})
+    state = _state(sink)
+    assert (state[20]["qty"], state[21]["_dblog_position"]) == (5, str(Position.mysql(1, 41)))
+    assert _version(sink) == version + 1 and len(state) == 6
+
 
 def test_optimize_compacts_and_keeps_every_row(sink: DeltaSink) -> None:
     for batch in range(1, 5):
-        _write(sink, batch, [_event("c", a, batch, 10 * batch + a) for a in range(batch * 3)])
+        _write(
+            sink, batch, [_event("c", a, batch, 10 * a) for a in range(batch * 3, batch * 3 + 3)]
+        )
     state = _state(sink)
     done = optimize(sink.spark, sink.table_path(TABLE), "a")
     assert done["files_removed"] > done["files_added"] == 1
