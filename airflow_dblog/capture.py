@@ -38,9 +38,12 @@ CONTROLS_REFRESH_S = 1.0
 SEGMENT_S = 0.25  # a segment holds at most this much of the log...
 SEGMENT_EVENTS = 5000  # ...or this many events
 IDLE_SEGMENT_S = 1.0  # heartbeats alone: a segment a second
-# Dump rows in the spool that not every sink holds yet, in chunks of the dump's size: beyond it
-# the next chunk waits, so a busy log and a dump share the sinks' throughput and neither starves
+# Dump rows in the spool that not every sink holds yet: beyond this many the next chunk waits,
+# so a busy log and a dump share the sinks' throughput and neither starves. Two chunks' worth
+# (x parallelism), and at least a sink batch's worth: a Delta MERGE costs about the same for
+# 300 rows as for 30,000, so a dump that added two 500-row chunks per MERGE would crawl.
 DUMP_ROWS_IN_FLIGHT_CHUNKS = 2
+DUMP_ROWS_IN_FLIGHT_MIN = 50_000
 
 
 @dataclass
@@ -228,7 +231,11 @@ class SpooledCapture(Capture):
         return self.store.requeue_inflight(self.config.name, keep=self._durable)
 
     def _start_chunks(self) -> int:
-        budget = DUMP_ROWS_IN_FLIGHT_CHUNKS * self.settings.chunk_size * self.settings.parallelism
+        settings = self.settings
+        budget = max(
+            DUMP_ROWS_IN_FLIGHT_MIN,
+            DUMP_ROWS_IN_FLIGHT_CHUNKS * settings.chunk_size * settings.parallelism,
+        )
         with self._ack_lock:
             in_flight = sum(rows for _, rows in self._dump_in_flight)
         if in_flight >= budget:
