@@ -23,6 +23,7 @@ from typing import Any
 
 from airflow_dblog.chunk_executor import ChunkExecutor, watermark_strategy
 from airflow_dblog.config import Config, DumpSettings
+from airflow_dblog.errors import DblogError
 from airflow_dblog.events import ChangeEvent, LogItem
 from airflow_dblog.merge import HISTORY_LIMIT, ClosedChunk, WatermarkMerge
 from airflow_dblog.metadata import MetadataStore
@@ -211,8 +212,15 @@ class SpooledCapture(Capture):
         self._spooled_at = 0.0
         # dump rows per segment that not every sink holds yet (the dump's share of the backlog)
         self._dump_in_flight: collections.deque[tuple[int, int]] = collections.deque()
-        # segment numbers never restart, even if the spool was deleted: sinks key batches by them
-        spool.continue_after(int(saved.get("segment", -1)))
+        if not seqs and "segment" in saved:
+            # sinks key batches by segment number: numbering again from 0 would skip batches
+            raise DblogError(
+                f"{spool.dir} holds no segment but stream {config.name} committed segment"
+                f" {saved['segment']}: the checkpoint was deleted, and the sinks may hold"
+                " segments numbered after it",
+                "restore the checkpoint directory (deleting only <checkpoint>/spark is safe),"
+                " or start a new stream (new name, Delta path, topic prefix) with a full dump",
+            )
         self._pending: list[ChangeEvent] = []
         self._pending_closed: list[ClosedChunk] = []
         self._pending_position: str | None = None

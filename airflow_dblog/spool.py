@@ -95,11 +95,6 @@ class Spool:
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._next = 0  # the lowest number the next segment may take
-
-    def continue_after(self, seq: int) -> None:
-        """Number new segments after ``seq`` even if the spool no longer holds it."""
-        self._next = max(self._next, seq + 1)
 
     def path(self, seq: int) -> Path:
         return self.dir / f"{seq:0{_WIDTH}d}{_SUFFIX}"
@@ -119,7 +114,7 @@ class Spool:
     def end(self) -> int:
         """One past the last segment: the next segment's number."""
         seqs = self.segments()
-        return max(seqs[-1] + 1 if seqs else 0, self._next)
+        return seqs[-1] + 1 if seqs else 0
 
     def append(self, events: Sequence[ChangeEvent], footer: dict[str, Any]) -> int:
         seq = self.end()

@@ -86,31 +86,6 @@ def test_drop_before_deletes_only_older_segments(tmp_path: Path) -> None:
     assert spool.segments() == [2, 3] and spool.end() == 4
 
 
-def test_numbering_continues_after_a_deleted_spool(tmp_path: Path) -> None:
-    """Sinks key batches by segment: a deleted spool must not number from 0 again."""
-    spool = Spool(tmp_path / "spool")
-    spool.continue_after(41)  # the stream state's last committed segment
-    assert spool.end() == 42 and spool.append([_event(1)], {"closed": []}) == 42
-    spool.continue_after(7)  # never backwards
-    assert spool.append([_event(2)], {"closed": []}) == 43
-
-
-def test_the_changelog_source_reads_across_a_numbering_gap(tmp_path: Path) -> None:
-    pytest.importorskip("pyspark")
-    from airflow_dblog.changelog_source import ChangelogStreamReader
-
-    spool = Spool(tmp_path)
-    spool.continue_after(999)
-    for i in range(3):
-        spool.append([_event(i)], {"closed": []})
-    reader = ChangelogStreamReader(str(tmp_path))
-    start = {"segment": 0}  # a query whose checkpoint predates the gap
-    end = reader.latestOffset(start)
-    assert end == {"segment": 1003}
-    seqs = [seq for p in reader.partitions(start, end) for seq, _, _ in reader.read(p)]
-    assert sorted(set(seqs)) == [1000, 1001, 1002]
-
-
 def test_footers_say_which_tables_hold_only_dumped_rows_and_their_key_range(
     tmp_path: Path,
 ) -> None:
