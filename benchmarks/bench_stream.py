@@ -10,7 +10,10 @@ One run, one JSON object, every figure next to a baseline measured in the same r
   (the job is stopped during the updates, then reads the finished binlog as the raw reader does);
 - commit-to-sink latency p50/p99 (a probe row's commit to its read_committed Kafka message,
   which the job commits after Delta), with no dump running and during a dump;
-- peak RSS of the job (Python driver + JVM) while dumping a table of ROWS and of 2 x ROWS rows.
+- peak RSS of the job (Python driver + JVM) while dumping a table of ROWS and of 2 x ROWS rows;
+- a dump of the ROWS table again while ``--load-writers`` update its random rows at
+  ``--load-rate`` writes/s in all: whether it finishes, its rows/s, the writes the server took,
+  and the probe's latency meanwhile (the stream's lag).
 
     python benchmarks/bench_stream.py [--rows 1000000] [--updates 100000] [--chunk-size 10000]
                                       [--sinks both|delta|kafka]
@@ -148,8 +151,36 @@ class LatencyProbe(threading.Thread):
                 "n": len(values),
                 "p50_ms": round(statistics.median(values) * 1000),
                 "p99_ms": round(values[min(len(values) - 1, int(len(values) * 0.99))] * 1000),
+                "max_ms": round(values[-1] * 1000),
             }
         return out
+
+
+class Writer(threading.Thread):
+    """Single-row UPDATEs of random keys at ``rate`` per second (as far as the server keeps up)."""
+
+    def __init__(self, url: str, db: str, rows: int, rate: float, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.url, self.db, self.rows, self.rate, self.seed = url, db, rows, rate, seed
+        self.writes, self.stop = 0, threading.Event()
+
+    def run(self) -> None:
+        import random
+
+        rng = random.Random(self.seed)
+        conn = pymysql.connect(**parse_mysql_url(self.url).pymysql_kwargs(), autocommit=True)
+        started = time.monotonic()
+        with conn.cursor() as cur:
+            while not self.stop.is_set():
+                due = started + self.writes / self.rate
+                if (wait := due - time.monotonic()) > 0:
+                    time.sleep(wait)
+                cur.execute(
+                    f"UPDATE `{self.db}`.bench SET qty = qty + 1 WHERE id = %s",
+                    (rng.randrange(self.rows),),
+                )
+                self.writes += 1
+        conn.close()
 
 
 def plain_select_rows_per_s(url: str, db: str, table: str, page: int) -> float:
@@ -175,6 +206,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--updates", type=int, default=100_000)
     parser.add_argument("--chunk-size", type=int, default=10_000)
     parser.add_argument("--keep-log", metavar="PATH", help="copy the job's log here at the end")
+    parser.add_argument(
+        "--load-writers", type=int, default=4, help="writers during the dump under load"
+    )
+    parser.add_argument(
+        "--load-rate", type=float, default=2000, help="their target writes/s, all together"
+    )
+    parser.add_argument(
+        "--load-timeout", type=float, default=900, help="seconds the dump under load may take"
+    )
     parser.add_argument(
         "--sinks",
         choices=("both", "delta", "kafka"),
@@ -289,6 +329,37 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
             result[f"{phase}_rows_per_s"] = round(
                 store.progress(dump_id).rows_emitted / (time.perf_counter() - started)
             )
+        # under load: writers update random rows of the table while it is dumped again
+        probe.phase = sampler.phase = "dump_under_load"
+        load = [
+            Writer(url, db, args.rows, args.load_rate / args.load_writers, seed)
+            for seed in range(args.load_writers)
+        ]
+        for writer in load:
+            writer.start()
+        started = time.perf_counter()
+        assert dblog(["dump", "-c", str(config_path), "--table", f"{db}.bench"]) == 0
+        dump_id = max(d.id for d in store.dumps(config.name))
+        while store.progress(dump_id).state != "done":
+            assert proc.poll() is None, f"the stream exited; see {work / 'stream.log'}"
+            if time.perf_counter() - started > args.load_timeout:
+                break
+            time.sleep(0.5)
+        took = time.perf_counter() - started
+        for writer in load:
+            writer.stop.set()
+        for writer in load:
+            writer.join(10)
+        progress = store.progress(dump_id)
+        result["dump_under_load"] = {
+            "writers": args.load_writers,
+            "target_writes_per_s": args.load_rate,
+            "achieved_writes_per_s": round(sum(w.writes for w in load) / took),
+            "dump_done": progress.state == "done",
+            "dump_percent": progress.percent,
+            "dump_rows_per_s": round(progress.rows_emitted / took),
+            "seconds": round(took),
+        }
         probe.stop.set()
         if probe.is_alive():
             probe.join(10)
