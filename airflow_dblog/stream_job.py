@@ -11,7 +11,7 @@ replays at most each query's batch in flight: Spark re-plans the same segments, 
 what they hold, the capture thread resumes after the last segment.
 
 Memory on the driver is bounded by the batch size: one chunk of rows per open chunk in the
-capture, and one micro-batch (at most 40 segments) of Kafka messages; the events are parsed and
+capture, and one micro-batch (at most 48 MB of spool) of Kafka messages; the events are parsed and
 merged into Delta on the executors.
 """
 
