@@ -56,11 +56,11 @@ class ChangelogStreamReader(DataSourceStreamReader):
         seqs = spool.segments()
         if start is None or not seqs:
             return {"segment": seqs[-1] + 1 if seqs else 0}
-        end, taken = int(start["segment"]), 0
-        # numbering may jump (a deleted spool continues after the last committed segment)
-        for seq in (seq for seq in seqs if seq >= int(start["segment"])):
+        first = end = int(start["segment"])
+        taken = 0
+        for seq in (seq for seq in seqs if seq >= first):
             taken += spool.size(seq)
-            if taken > MAX_BATCH_BYTES and end > int(start["segment"]):
+            if taken > MAX_BATCH_BYTES and end > first:  # at least one segment, however big
                 break
             end = seq + 1
         return {"segment": end}

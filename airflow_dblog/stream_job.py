@@ -106,9 +106,10 @@ def build_sinks(
 class BatchCommitter:
     """``foreachBatch`` of one sink's query: write the batch, then report the segments held.
 
-    The batch's idempotence id is its last spool segment: segment numbers never restart (the
-    stream state keeps the last one), so a replayed batch, or one cut differently after
-    ``<checkpoint>/spark`` was deleted, is recognised by the sink whatever Spark's batch ids.
+    The batch's idempotence id is its last spool segment: segments are numbered on from the
+    spool (a stream whose spool was deleted refuses to start), so a replayed batch, or one cut
+    differently after ``<checkpoint>/spark`` was deleted, is recognised by the sink whatever
+    Spark's batch ids.
     """
 
     def __init__(self, sink: FrameSink, progress: SinkProgress, store: MetadataStore) -> None:
