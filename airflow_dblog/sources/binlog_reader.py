@@ -22,8 +22,9 @@ they resume exactly after the last returned item, even in the middle of a multi-
 multi-statement transaction.
 
 Idleness
-    The server sends replication heartbeats every ``heartbeat_s`` when it has nothing to send,
-    so ``read`` returns within about ``timeout_s + heartbeat_s``. When ``read`` found nothing for
+    ``read`` returns what it has as soon as the server has sent nothing more; the server sends
+    replication heartbeats every ``heartbeat_s`` when it has nothing to send, so ``read`` returns
+    within about ``timeout_s + heartbeat_s``. When ``read`` found nothing for
     ``timeout_s`` it reads ``SHOW MASTER STATUS``, reads on until the stream has reached that
     position and returns one ``Heartbeat(Position.mysql(file, end, END_OF_EVENT))``: never before
     a ``SHOW MASTER STATUS`` position read earlier (those are ``END_OF_EVENT`` positions too).
@@ -52,6 +53,8 @@ import contextlib
 import json
 import logging
 import random
+import select
+import ssl
 import time
 import uuid
 import zlib
@@ -97,6 +100,7 @@ log = logging.getLogger(__name__)
 
 _RAW_BYTES = "dblog-raw-bytes"  # a charset name Python has no codec for: the library keeps bytes
 _PURGED_CODES = {1236}
+LINGER_S = 0.002  # a read that has events waits this long for more before returning them
 _TRX_NEUTRAL = ("SAVEPOINT", "ROLLBACK TO", "RELEASE SAVEPOINT", "XA START", "XA END")
 _TRX_END = ("COMMIT", "ROLLBACK", "XA COMMIT", "XA ROLLBACK")
 _MARIADB_FL_STANDALONE = 1
@@ -415,6 +419,32 @@ class BinlogReader:
                 )
         raise AssertionError("unreachable")
 
+    def _arrived(self, wait_s: float) -> bool:
+        """Whether the server has sent more (or does within ``wait_s``): a fetch will not wait.
+
+        Without this a read waited for the server's next heartbeat (``heartbeat_s``) after the
+        last event it had: a tenth of a second on every read, on every chunk's watermarks. A
+        read lingers ``LINGER_S`` for more, so a busy log still comes in batches, not one event
+        per read.
+        """
+        connection = getattr(self._stream, "_stream_connection", None)
+        sock = getattr(connection, "_sock", None)
+        rfile = getattr(connection, "_rfile", None)
+        if sock is None or rfile is None:
+            return True  # not connected yet (the fetch connects), or a library we do not know
+        timeout = sock.gettimeout()
+        sock.setblocking(False)  # a peek at the buffer, or at what the socket holds now
+        try:
+            if rfile.peek(1):
+                return True
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+            pass
+        finally:
+            sock.settimeout(timeout)
+        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            return True
+        return bool(wait_s > 0 and select.select([sock], [], [], wait_s)[0])
+
     def _reset_stream(self) -> None:
         """Drop the connection; the next read reopens at the current transaction's start."""
         self._close_stream()
@@ -437,9 +467,10 @@ class BinlogReader:
         out: list[LogItem] = []
         self._take(out, max_items)
         while len(out) < max_items:
-            if out and self._server_idle:
+            if out and (self._server_idle or not self._arrived(LINGER_S)):
                 break  # the server has nothing more right now: hand over what we have
-            if time.monotonic() >= deadline:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not (out or self._arrived(remaining)):
                 break
             self._step()
             self._take(out, max_items)
