@@ -9,6 +9,7 @@ exactly the same lines.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -33,6 +34,9 @@ PARTITION_BYTES = 8 << 20  # ...of about this much spool each: a small batch is 
 # A backlog is taken in bites of this much spool (~150,000 events): memory stays bounded, and
 # a sink with a high cost per batch (Delta's MERGE) catches up with bigger batches, not more
 MAX_BATCH_BYTES = 48 << 20
+# Segments of heartbeats alone (an idle log) wait this long for a batch: each batch costs Spark
+# about a second of CPU, and they only move the committed offset
+IDLE_BATCH_S = 5.0
 
 
 class SegmentPartition(InputPartition):
@@ -56,14 +60,17 @@ class ChangelogStreamReader(DataSourceStreamReader):
         seqs = spool.segments()
         if start is None or not seqs:
             return {"segment": seqs[-1] + 1 if seqs else 0}
-        first = end = int(start["segment"])
-        taken = 0
+        first = int(start["segment"])
+        taken: list[int] = []
+        size = 0
         for seq in (seq for seq in seqs if seq >= first):
-            taken += spool.size(seq)
-            if taken > MAX_BATCH_BYTES and end > first:  # at least one segment, however big
+            size += spool.size(seq)
+            if size > MAX_BATCH_BYTES and taken:  # at least one segment, however big
                 break
-            end = seq + 1
-        return {"segment": end}
+            taken.append(seq)
+        if not taken or _fresh_heartbeats(spool, taken):
+            return {"segment": first}
+        return {"segment": taken[-1] + 1}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         first, stop = int(start["segment"]), int(end["segment"])
@@ -85,6 +92,12 @@ class ChangelogStreamReader(DataSourceStreamReader):
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark committed up to ``end``; the batch committer deletes old segments itself."""
+
+
+def _fresh_heartbeats(spool: Spool, seqs: Sequence[int]) -> bool:
+    """The segments hold heartbeats only, the oldest written less than IDLE_BATCH_S ago."""
+    age = time.time() - spool.path(seqs[0]).stat().st_mtime
+    return age < IDLE_BATCH_S and all(spool.heartbeat_only(seq) for seq in seqs)
 
 
 class ChangelogSource(DataSource):
