@@ -7,8 +7,8 @@ crash between any two of these replays the batch: sinks are idempotent per batch
 older positions, and chunks not completed are selected again.
 
 The Spark job uses :class:`SpooledCapture`: the same steps, with the batch written to the spool
-and the commit (offset, chunks, acknowledgement) run once Spark's ``foreachBatch`` has written
-the sinks.
+and the commit (offset, chunks, acknowledgement) run once every sink holds the segment (Delta's
+``foreachBatch``, Kafka's forwarder).
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ from airflow_dblog.spool import Spool, closed_record
 log = logging.getLogger(__name__)
 
 CONTROLS_REFRESH_S = 1.0
+# With no chunk to claim (no dump running), look for one at most this often: a busy log makes
+# many small steps, and a metadata query in each held the log back (~450 events/s)
+IDLE_CLAIM_S = 0.2
 SEGMENT_S = 0.25  # a segment holds at most this much of the log...
 SEGMENT_EVENTS = 5000  # ...or this many events
 IDLE_SEGMENT_S = 1.0  # heartbeats alone: a segment a second
@@ -91,6 +94,7 @@ class Capture:
         self.settings: DumpSettings = config.dump
         self._controls_at = 0.0
         self._last_chunk_at = 0.0
+        self._nothing_to_claim_at = float("-inf")
         self.signals: SignalChannel | None = None  # Kafka signals, polled with the controls
         requeued = self._requeue()
         if requeued:
@@ -149,12 +153,16 @@ class Capture:
     def _start_chunks(self) -> int:
         """Run chunks up to the parallelism, honouring the delay between chunks."""
         settings = self.settings
-        if time.monotonic() - self._last_chunk_at < settings.delay_ms / 1000:
+        now = time.monotonic()
+        if now - self._last_chunk_at < settings.delay_ms / 1000:
+            return 0
+        if now - self._nothing_to_claim_at < IDLE_CLAIM_S:
             return 0
         started = 0
         while self.merge.open_count() < settings.parallelism and self.executor.ready():
             chunk = self.executor.claim(settings.chunk_size)
             if chunk is None:
+                self._nothing_to_claim_at = time.monotonic()
                 break
             self.executor.run(chunk, settings.chunk_size)
             self._last_chunk_at = time.monotonic()
@@ -250,6 +258,11 @@ class SpooledCapture(Capture):
         if in_flight >= budget:
             return 0  # the sinks have not caught up with the dump's last chunks: log first
         return super()._start_chunks()
+
+    def run(self, stopping: threading.Event) -> None:
+        """Step until ``stopping`` is set (the stream job's capture thread)."""
+        while not stopping.is_set():
+            self.step(timeout_s=0.2)
 
     def step(self, max_items: int = 5000, timeout_s: float = 0.2) -> StepResult:
         with self._ack_lock:

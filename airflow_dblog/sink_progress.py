@@ -1,13 +1,14 @@
-"""Which spool segments every sink holds: one Spark query per sink, one commit for the stream.
+"""Which spool segments every sink holds: each sink follows the spool, one commit for the stream.
 
-Each sink runs its own streaming query over the spool (Kafka does not wait for Delta's MERGE),
-so the sinks reach a segment at different times. A segment's footer (reader offset, chunks it
+Each sink follows the spool on its own (Kafka does not wait for Delta's MERGE), so the sinks
+reach a segment at different times. A segment's footer (reader offset, chunks it
 closed) is committed to the stream, and the source may free the log behind it, only once every
-sink holds it; a segment is deleted only once no query can replay it (each query replays at
-most its current batch, from that batch's first segment).
+sink holds it; a segment is deleted only once no sink can replay it (each replays at most its
+current batch, from that batch's first segment).
 
-The sink that reaches a segment last reports its footer before its own Spark commit, so a crash
-in between makes that sink replay the batch and report it again: no footer is lost.
+Delta reports a batch before its Spark commit, so a crash in between replays and reports it
+again; Kafka reports after its transaction, and a restarted forwarder first reports the segments
+its marker covers: no footer is lost.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class SinkProgress:
         deletes the segments below ``seq``."""
         self._commit, self._trim = commit, trim
         self._held = dict.fromkeys(sinks, -1)  # the last segment each sink holds
-        self._replay_from = dict.fromkeys(sinks, 0)  # each query's current batch starts here
+        self._replay_from = dict.fromkeys(sinks, 0)  # each sink's current batch starts here
         self._footers: dict[int, Footer] = {}  # segments some sink holds but not every one
         self._lock = threading.Lock()
 

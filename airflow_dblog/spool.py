@@ -14,15 +14,17 @@ times as text, bytes as base64, JSON columns as their text.
 from __future__ import annotations
 
 import base64
+import collections
 import datetime as dt
 import decimal
 import errno
 import json
 import os
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from airflow_dblog.errors import DblogError
 from airflow_dblog.events import ChangeEvent, Row
@@ -59,27 +61,99 @@ def plain_row(row: Row | None) -> dict[str, Any] | None:
     return {k: v if type(v) in _PLAIN_TYPES else plain_value(v) for k, v in row.items()}
 
 
-def event_record(event: ChangeEvent) -> dict[str, Any]:
-    """One event as the spool (and the Spark frame built from it) carries it."""
-    source: dict[str, Any] = {}
-    if event.gtid is not None:
-        source["gtid"] = event.gtid
-    if event.xid is not None:
-        source["xid"] = event.xid
-    source.update({k: v for k, v in event.extra.items() if k != "unavailable_columns"})
-    return {
-        "table": str(event.table),
-        "op": event.op,
-        "key": _encode([plain_value(v) for v in event.key]),
-        "position": str(event.position),
-        "before": plain_row(event.before),
-        "after": plain_row(event.after),
-        "ts_ms": event.ts_ms,
-        "dump_id": event.dump_id,
-        "chunk_id": event.chunk_id,
-        "unavailable": event.extra.get("unavailable_columns") or [],
-        "source": source,
-    }
+def _int_text(value: int | None) -> str:
+    return "null" if value is None else str(int(value))
+
+
+class EventText(NamedTuple):
+    """One event with each field already JSON text: the spool line and the Kafka message are
+    both concatenated from it, so a row image is encoded once for both."""
+
+    table: str
+    op: str
+    key: str  # the key values as a JSON array
+    position: str
+    before: str  # a JSON object, or null
+    after: str
+    ts_ms: str
+    dump_id: str
+    chunk_id: str
+    unavailable: str
+    source: str  # the reader's own fields (gtid, xid, pk_change) as a JSON object
+
+    @classmethod
+    def of(cls, event: ChangeEvent) -> EventText:
+        extra = event.extra
+        if event.gtid is None and event.xid is None and not extra:
+            source = "{}"  # dumped rows, and most log events of a reader without extras
+        else:
+            fields: dict[str, Any] = {}
+            if event.gtid is not None:
+                fields["gtid"] = event.gtid
+            if event.xid is not None:
+                fields["xid"] = event.xid
+            fields.update({k: v for k, v in extra.items() if k != "unavailable_columns"})
+            source = _encode(fields)
+        unavailable = extra.get("unavailable_columns") if extra else None
+        return cls(
+            str(event.table),
+            event.op,
+            _encode([plain_value(v) for v in event.key]),
+            str(event.position),
+            "null" if event.before is None else _encode(plain_row(event.before)),
+            "null" if event.after is None else _encode(plain_row(event.after)),
+            _int_text(event.ts_ms),
+            _int_text(event.dump_id),
+            _int_text(event.chunk_id),
+            _encode(unavailable) if unavailable else "[]",
+            source,
+        )
+
+    @classmethod
+    def parse(cls, line: str) -> EventText:
+        """From a spool line (a restart: the segment is no longer in memory)."""
+        record = json.loads(line)
+        return cls(
+            record["table"],
+            record["op"],
+            record["key"],
+            record["position"],
+            *(
+                _encode(record[field])
+                for field in ("before", "after", "ts_ms", "dump_id", "chunk_id", "unavailable")
+            ),
+            _encode(record["source"]),
+        )
+
+    def line(self) -> str:
+        """The spool's line: a flat JSON object, the key array as a string."""
+        return "".join(
+            (
+                '{"table":',
+                _encode(self.table),
+                ',"op":"',
+                self.op,
+                '","key":',
+                _encode(self.key),
+                ',"position":',
+                _encode(self.position),
+                ',"before":',
+                self.before,
+                ',"after":',
+                self.after,
+                ',"ts_ms":',
+                self.ts_ms,
+                ',"dump_id":',
+                self.dump_id,
+                ',"chunk_id":',
+                self.chunk_id,
+                ',"unavailable":',
+                self.unavailable,
+                ',"source":',
+                self.source,
+                "}",
+            )
+        )
 
 
 def closed_record(chunk: ClosedChunk) -> dict[str, Any]:
@@ -91,10 +165,22 @@ def closed_record(chunk: ClosedChunk) -> dict[str, Any]:
     }
 
 
+class Segment(NamedTuple):
+    events: list[EventText]
+    footer: dict[str, Any]
+
+
 class Spool:
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], remember_events: int = 0) -> None:
+        """``remember_events``: keep the newest segments' events in memory, up to about this
+        many, for :meth:`read` (a follower in this process then parses no file)."""
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.appended = threading.Event()  # set by each append: wakes a follower at once
+        self._remember = remember_events
+        self._recent: collections.OrderedDict[int, Segment] = collections.OrderedDict()
+        self._recent_events = 0
+        self._lock = threading.Lock()
 
     def path(self, seq: int) -> Path:
         return self.dir / f"{seq:0{_WIDTH}d}{_SUFFIX}"
@@ -119,8 +205,9 @@ class Spool:
     def append(self, events: Sequence[ChangeEvent], footer: dict[str, Any]) -> int:
         seq = self.end()
         tmp = self.dir / f".{seq}.{os.getpid()}.tmp"
+        texts = [EventText.of(event) for event in events]
         try:
-            self._write(tmp, seq, events, footer)
+            footer = self._write(tmp, seq, events, texts, footer)
         except OSError as err:
             tmp.unlink(missing_ok=True)
             if err.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -143,16 +230,51 @@ class Spool:
         finally:
             tmp.unlink()
         _fsync_dir(self.dir)
+        if self._remember:
+            with self._lock:
+                self._recent[seq] = Segment(texts, footer)
+                self._recent_events += len(texts)
+                while self._recent_events > self._remember and len(self._recent) > 1:
+                    self._forget(next(iter(self._recent)))
+        self.appended.set()
         return seq
 
+    def read(self, seq: int) -> Segment:
+        """A segment's events and footer; from memory, once, if this process wrote it lately."""
+        with self._lock:
+            segment = self._forget(seq)
+        if segment is not None:
+            return segment
+        events, footer = [], {}
+        for line in self.lines(seq):
+            if is_footer(line):
+                footer = json.loads(line)["footer"]
+            else:
+                events.append(EventText.parse(line))
+        return Segment(events, footer)
+
+    def _forget(self, seq: int) -> Segment | None:
+        """Take a remembered segment out of memory (under the lock)."""
+        segment = self._recent.pop(seq, None)
+        if segment is not None:
+            self._recent_events -= len(segment.events)
+        return segment
+
     @staticmethod
-    def _write(tmp: Path, seq: int, events: Sequence[ChangeEvent], footer: dict[str, Any]) -> None:
+    def _write(
+        tmp: Path,
+        seq: int,
+        events: Sequence[ChangeEvent],
+        texts: Sequence[EventText],
+        footer: dict[str, Any],
+    ) -> dict[str, Any]:
+        """Write the segment; returns its footer as written."""
         tables: set[str] = set()
         logged: set[str] = set()
         dumped: dict[str, list[Any] | None] = {}  # table -> first key column's [lowest, highest]
         with open(tmp, "w", encoding="utf-8") as out:
-            for event in events:
-                out.write(_encode(event_record(event)))
+            for event, text in zip(events, texts, strict=True):
+                out.write(text.line())
                 out.write("\n")
                 table = str(event.table)
                 tables.add(table)
@@ -167,10 +289,12 @@ class Spool:
                 "logged": sorted(logged),
                 "dump_keys": dumped,
             }
-            out.write(json.dumps({"footer": {**footer, **summary}}))
+            footer = {**footer, **summary}
+            out.write(json.dumps({"footer": footer}))
             out.write("\n")
             out.flush()
             os.fsync(out.fileno())
+        return footer
 
     def lines(self, seq: int) -> Iterator[str]:
         """The segment's raw lines: events, then the footer last."""
@@ -184,8 +308,21 @@ class Spool:
             pass
         return dict(json.loads(last)["footer"])
 
+    def heartbeat_only(self, seq: int) -> bool:
+        """The segment holds no event and closes no chunk: it only moves the reader offset.
+
+        Reads the first line only (a segment without events is its footer alone): this runs at
+        every Delta trigger, on segments of megabytes.
+        """
+        with open(self.path(seq), encoding="utf-8") as src:
+            first = src.readline()
+        return is_footer(first) and not json.loads(first)["footer"]["closed"]
+
     def drop_before(self, seq: int) -> int:
         """Delete segments numbered below ``seq`` (Spark committed the batches that read them)."""
+        with self._lock:
+            while self._recent and next(iter(self._recent)) < seq:
+                self._forget(next(iter(self._recent)))
         dropped = 0
         for old in self.segments():
             if old >= seq:

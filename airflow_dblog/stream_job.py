@@ -3,26 +3,29 @@
 One process per source. A capture thread runs :class:`~airflow_dblog.capture.SpooledCapture`:
 it reads the binlog/WAL, runs chunks between reads (low watermark, SELECT, high watermark),
 merges them with the log and writes each merged batch as a durable spool segment. Each sink
-has its own Spark Structured Streaming query (and checkpoint, ``<checkpoint>/spark/<sink>``)
-reading the spool through the ``dblog_changelog`` source, so Kafka's latency does not include
-Delta's MERGE. Once every sink holds a segment (:mod:`~airflow_dblog.sink_progress`), its
-chunks are completed, the reader offset saved and the source acknowledged. A kill at any point
-replays at most each query's batch in flight: Spark re-plans the same segments, the sinks skip
-what they hold, the capture thread resumes after the last segment.
+follows the spool on its own, so neither waits for the other: Kafka in a driver thread
+(:mod:`~airflow_dblog.kafka_forwarder`, one transaction per batch of segments, started before
+Spark), Delta in a Spark Structured Streaming query (checkpoint ``<checkpoint>/spark/delta``)
+reading the spool through the ``dblog_changelog`` source. Once every sink holds a segment
+(:mod:`~airflow_dblog.sink_progress`), its chunks are completed, the reader offset saved and the
+source acknowledged. A kill at any point replays at most each sink's batch in flight: Spark
+re-plans the same segments, Kafka resends after its marker, the sinks skip what they hold, the
+capture thread resumes after the last segment.
 
 Memory on the driver is bounded by the batch size: one chunk of rows per open chunk in the
-capture, and one micro-batch (at most 48 MB of spool) of Kafka messages; the events are parsed and
-merged into Delta on the executors.
+capture, and one Kafka transaction (at most 16 MB of spool) of messages; Delta's events are
+parsed and merged on the executors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -30,22 +33,25 @@ from airflow_dblog.capture import SpooledCapture
 from airflow_dblog.config import Config
 from airflow_dblog.errors import DblogError
 from airflow_dblog.events import TableId
+from airflow_dblog.kafka_forwarder import KafkaForwarder
 from airflow_dblog.leader import LeaderLease
 from airflow_dblog.metadata import MetadataStore
+from airflow_dblog.signals import SignalChannel
 from airflow_dblog.sink_progress import SinkProgress
+from airflow_dblog.sinks.kafka_sink import KafkaSink
 from airflow_dblog.sources import open_reader, open_source
 from airflow_dblog.sources.base import TableSchema
 from airflow_dblog.spark_env import build_spark_session
 from airflow_dblog.spool import Spool, dump_bounds
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
 
-TRIGGER = "500 milliseconds"
-# Kafka's latency is the point of Kafka; Delta's MERGE costs about the same for 1 or 10,000 rows
-TRIGGERS = {"kafka": "100 milliseconds", "delta": "1 second"}
+# Delta's MERGE costs about the same for 1 or 10,000 rows: batches no more than once a second
+DELTA_TRIGGER = "1 second"
+FORWARDED_IN_MEMORY = 50_000  # events of the newest segments (~30 MB); older ones: from disk
 _DEFAULT_MASTER = object()
 
 # The spool's event line as Spark parses it; row images stay JSON text for each sink to type.
@@ -78,33 +84,8 @@ class FrameSink(Protocol):
     def close(self) -> None: ...
 
 
-def build_sinks(
-    spark: SparkSession,
-    config: Config,
-    schemas: Mapping[TableId, TableSchema],
-    describe: Callable[[TableId], TableSchema] | None = None,
-) -> list[FrameSink]:
-    """The sinks the config names, in the order a batch is written through them.
-
-    ``describe`` reads a table's current schema at every batch that touches it (ALTER TABLE
-    while streaming: columns added, key changed).
-    """
-    sinks: list[FrameSink] = []
-    if config.delta is not None:
-        from airflow_dblog.sinks.delta_sink import DeltaSink
-
-        # versions are spool segments; the plain name held Spark batch ids (before 0.2)
-        app_id = f"dblog-{config.name}/segments"
-        sinks.append(DeltaSink(spark, config.delta, schemas, app_id, describe))
-    if config.kafka is not None:
-        from airflow_dblog.sinks.kafka_sink import KafkaSink
-
-        sinks.append(KafkaSink(config.kafka, config.name, config.source.type, schemas))
-    return sinks
-
-
 class BatchCommitter:
-    """``foreachBatch`` of one sink's query: write the batch, then report the segments held.
+    """``foreachBatch`` of Delta's query: write the batch, then report the segments held.
 
     The batch's idempotence id is its last spool segment: segments are numbered on from the
     spool (a stream whose spool was deleted refuses to start), so a replayed batch, or one cut
@@ -114,8 +95,17 @@ class BatchCommitter:
 
     def __init__(self, sink: FrameSink, progress: SinkProgress, store: MetadataStore) -> None:
         self.sink, self.progress, self.store = sink, progress, store
+        # Spark reports a failed batch as a py4j traceback; the job reports this one line
+        self.failure: DblogError | None = None
 
     def __call__(self, lines: DataFrame, batch_id: int) -> None:
+        try:
+            self._commit(lines, batch_id)
+        except DblogError as err:
+            self.failure = err
+            raise
+
+    def _commit(self, lines: DataFrame, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
         started = time.monotonic()
@@ -156,17 +146,18 @@ class BatchCommitter:
             parsed.unpersist()
 
 
-class CaptureThread(threading.Thread):
-    def __init__(self, capture: SpooledCapture) -> None:
-        super().__init__(name="dblog-capture", daemon=True)
-        self.capture = capture
+class Worker(threading.Thread):
+    """A daemon thread running ``loop(stopping)``; its failure is kept for the main loop."""
+
+    def __init__(self, name: str, loop: Callable[[threading.Event], None]) -> None:
+        super().__init__(name=name, daemon=True)
+        self.loop = loop
         self.stopping = threading.Event()
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            while not self.stopping.is_set():
-                self.capture.step(timeout_s=0.2)
+            self.loop(self.stopping)
         except BaseException as err:  # surfaced by the main loop, which stops the job
             self.error = err
 
@@ -174,92 +165,124 @@ class CaptureThread(threading.Thread):
 def run_stream(
     config: Config, master: Any = _DEFAULT_MASTER, stop: threading.Event | None = None
 ) -> int:
-    """Run until SIGTERM/SIGINT (or ``stop``); a failure of either half stops both.
+    """Run until SIGTERM/SIGINT (or ``stop``); a failure of any part stops the whole job.
 
     With ``ha`` configured, first wait as a standby until this process holds the leader lease.
     """
-    from airflow_dblog.changelog_source import NAME, ChangelogSource
-
     stop = stop or threading.Event()
     _stop_on_signals(stop)
     store = MetadataStore(config.metadata_url)
-    lease = LeaderLease(config.ha, config.name) if config.ha is not None else None
-    if lease is not None:
-        fence = lease.acquire(stop)
-        if fence is None:
-            lease.close()
-            return 0
-        store.take_lead(fence, lease.identity)
-    # the log position first (Spark takes many seconds to start): from here on every change is
-    # captured, and the bounds of dumps already requested are read after it
-    source = open_source(config)
-    checkpoint = Path(config.checkpoint)
-    spool = Spool(checkpoint / "spool")
-    capture = SpooledCapture(
-        config, store, source, lambda offset: open_reader(config, offset), spool
-    )
+    lease: LeaderLease | None = None
+    with contextlib.ExitStack() as cleanup:  # undone in reverse: Spark, threads, sinks, lease
+        if config.ha is not None:
+            lease = LeaderLease(config.ha, config.name)
+            cleanup.callback(lease.close)
+            fence = lease.acquire(stop)
+            if fence is None:
+                return 0
+            store.take_lead(fence, lease.identity)
+        # the log position first: from here on every change is captured, and the bounds of
+        # dumps already requested are read after it
+        source = open_source(config)
+        # Kafka's forwarder takes new segments from memory: nothing parsed, nothing encoded twice
+        spool = Spool(Path(config.checkpoint) / "spool", FORWARDED_IN_MEMORY if config.kafka else 0)
+        capture = SpooledCapture(
+            config, store, source, lambda offset: open_reader(config, offset), spool
+        )
+        cleanup.callback(capture.close)
+        schemas = {table: source.describe(table) for table in config.source.tables}
+        names = [name for name, on in (("delta", config.delta), ("kafka", config.kafka)) if on]
+        progress = SinkProgress(names, capture.committed, spool.drop_before)
+        threads = [Worker("dblog-capture", capture.run)]
+        if config.kafka is not None:  # Kafka follows the spool at once, Spark or not
+            kafka = KafkaSink(config.kafka, config.name, config.source.type, schemas)
+            cleanup.callback(kafka.close)
+            forwarder = KafkaForwarder(kafka, spool, progress, store.check_fence)
+            threads.append(Worker("dblog-kafka", forwarder.run))
+            if config.kafka.signal_topic:
+                capture.signals = SignalChannel(config, store)
+        for thread in threads:
+            thread.start()
+        cleanup.callback(_stop_threads, threads)
+        query = committer = None
+        if config.delta is not None:
+            query, committer = _start_delta_query(
+                config, master, schemas, spool, progress, store, cleanup
+            )
+        log.info("stream %s running: %s -> %s", config.name, config.source.type, names)
+        while not stop.is_set():
+            if lease is not None:
+                lease.check()
+            for thread in threads:
+                if thread.error is not None:
+                    raise thread.error
+                if not thread.is_alive():
+                    raise DblogError(f"the {thread.name} thread stopped", "see the log for why")
+            if query is None or committer is None:
+                stop.wait(1.0)
+            elif _terminated(query, committer, 1.0):
+                break
+    return 0
+
+
+def _start_delta_query(
+    config: Config,
+    master: Any,
+    schemas: Mapping[TableId, TableSchema],
+    spool: Spool,
+    progress: SinkProgress,
+    store: MetadataStore,
+    cleanup: contextlib.ExitStack,
+) -> tuple[Any, BatchCommitter]:
+    """Delta's Structured Streaming query over the spool (checkpoint: ``spark/delta``)."""
+    from airflow_dblog.changelog_source import NAME, ChangelogSource
+    from airflow_dblog.sinks.delta_sink import DeltaSink
+
+    assert config.delta is not None
     spark = build_spark_session(
         f"dblog-{config.name}",
         master=config.spark.master if master is _DEFAULT_MASTER else master,
         extra_conf=config.spark.conf,
     )
+    cleanup.callback(spark.stop)
     spark.dataSource.register(ChangelogSource)
-    schemas = {table: source.describe(table) for table in config.source.tables}
-    schema_source = open_source(config)  # the Spark thread's own: sources are not thread-safe
-    sinks = build_sinks(spark, config, schemas, schema_source.describe)
-    if config.kafka is not None and config.kafka.signal_topic:
-        from airflow_dblog.signals import SignalChannel
-
-        capture.signals = SignalChannel(config, store)
-    thread = CaptureThread(capture)
-    progress = SinkProgress([sink.name for sink in sinks], capture.committed, spool.drop_before)
-    queries = [
+    describer = open_source(config)  # the Spark thread's own: sources are not thread-safe
+    cleanup.callback(describer.close)
+    # versions are spool segments; the plain app id held Spark batch ids (before 0.2)
+    app_id = f"dblog-{config.name}/segments"
+    delta = DeltaSink(spark, config.delta, schemas, app_id, describer.describe)
+    cleanup.callback(delta.close)
+    committer = BatchCommitter(delta, progress, store)
+    query = (
         spark.readStream.format(NAME)
         .option("path", str(spool.dir))
         .load()
-        .writeStream.queryName(f"dblog-{config.name}-{sink.name}")
-        .foreachBatch(BatchCommitter(sink, progress, store))
-        .option("checkpointLocation", str(checkpoint / "spark" / sink.name))
-        .trigger(processingTime=TRIGGERS.get(sink.name, TRIGGER))
+        .writeStream.queryName(f"dblog-{config.name}-delta")
+        .foreachBatch(committer)
+        .option("checkpointLocation", str(Path(config.checkpoint) / "spark" / "delta"))
+        .trigger(processingTime=DELTA_TRIGGER)
         .start()
-        for sink in sinks
-    ]
-    thread.start()
-    log.info(
-        "stream %s running: %s -> %s", config.name, config.source.type, [s.name for s in sinks]
     )
-    try:
-        while not stop.is_set():
-            if lease is not None:
-                lease.check()
-            if thread.error is not None:
-                raise thread.error
-            if not thread.is_alive():
-                raise DblogError("the capture thread stopped", "see the log above for why")
-            if any(_terminated(query, 1.0 / len(queries)) for query in queries):
-                break
-    finally:
+    cleanup.callback(query.stop)
+    return query, committer
+
+
+def _stop_threads(threads: Sequence[Worker]) -> None:
+    for thread in threads:
         thread.stopping.set()
+    for thread in threads:
         thread.join(timeout=30)
-        for query in queries:
-            query.stop()
-        capture.close()
-        for sink in sinks:
-            sink.close()
-        schema_source.close()
-        spark.stop()
-        if lease is not None:
-            lease.close()
-    return 0
 
 
-def _terminated(query: Any, wait_s: float) -> bool:
+def _terminated(query: Any, committer: BatchCommitter, wait_s: float) -> bool:
     """Whether the query ended; its failure as one line (Spark's message spans pages)."""
     from pyspark.errors import StreamingQueryException
 
     try:
         return bool(query.awaitTermination(wait_s))
     except StreamingQueryException as err:
+        if committer.failure is not None:
+            raise committer.failure from None
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise DblogError(
             f"the Spark query failed: {first}", "see the job log for the cause"

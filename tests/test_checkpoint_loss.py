@@ -2,10 +2,11 @@
 
 Spark's batch ids restart at 0 without their checkpoint; were they the sinks' idempotence ids,
 Delta and Kafka would skip every batch until the ids passed the old maximum. The sinks key
-batches by spool segment instead: with ``<checkpoint>/spark`` deleted, the restarted queries
-re-read the segments on disk, the sinks skip what they hold, and everything written while the
-stream was stopped arrives, once. With the whole checkpoint deleted the segment numbers would
-start again below what the sinks hold: the stream refuses to start, naming the fix.
+batches by spool segment instead: with ``<checkpoint>/spark`` deleted, Delta's restarted query
+re-reads the segments on disk and skips what it holds (Kafka, not in Spark, continues after its
+marker), and everything written while the stream was stopped arrives, once. With the whole
+checkpoint deleted the segment numbers would start again below what the sinks hold: the stream
+refuses to start, naming the fix.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One query per sink: a segment commits once every sink holds it, goes once none replays it."""
+"""Sinks follow the spool apart: a segment commits once all hold it, goes once none replays it."""
 
 from __future__ import annotations
 

@@ -123,6 +123,53 @@ def test_a_backlog_is_read_in_bites_of_bounded_size(
     assert len(reader.partitions({"segment": 0}, {"segment": 10})) == 1  # small: one task
 
 
+def test_heartbeats_alone_wait_for_a_batch_until_they_are_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle log writes a segment a second; Delta pays a Spark batch for each otherwise."""
+    pytest.importorskip("pyspark")
+    from airflow_dblog import changelog_source
+
+    spool = Spool(tmp_path)
+    spool.append([], {"closed": []})
+    spool.append([], {"closed": []})
+    reader = changelog_source.ChangelogStreamReader(str(tmp_path))
+    assert reader.latestOffset({"segment": 0}) == {"segment": 0}
+    spool.append([], {"closed": [{"chunk_id": 1}]})  # a chunk closed with no rows left
+    assert reader.latestOffset({"segment": 0}) == {"segment": 3}
+    spool.append([], {"closed": []})
+    assert reader.latestOffset({"segment": 3}) == {"segment": 3}
+    monkeypatch.setattr(changelog_source, "IDLE_BATCH_S", 0.0)
+    assert reader.latestOffset({"segment": 3}) == {"segment": 4}
+
+
+def test_a_segment_read_from_memory_equals_the_one_read_from_disk(tmp_path: Path) -> None:
+    """The Kafka forwarder takes recent segments from memory; after a restart, from the file."""
+    events = [
+        _event(1),
+        ChangeEvent(
+            TABLE,
+            "u",
+            ('ü"k', 2),
+            Position.mysql(1, 7),
+            before={"a": decimal.Decimal("1.50"), "b": None},
+            after={"a": dt.date(2024, 1, 2), "b": b"\x00"},
+            gtid="0-1-9",
+            extra={"unavailable_columns": ["c"]},
+        ),
+    ]
+    memory = Spool(tmp_path, remember_events=10)
+    seq = memory.append(events, {"closed": []})
+    from_memory = memory.read(seq)
+    from_disk = Spool(tmp_path).read(seq)
+    assert from_memory == from_disk
+    assert [json.loads(e.line()) for e in from_disk.events] == [
+        json.loads(line) for line in list(memory.lines(seq))[:-1]
+    ]
+    assert json.loads(from_disk.events[1].before) == {"a": "1.50", "b": None}
+    assert memory.read(seq) == from_disk  # taken once from memory, then from the file
+
+
 def test_plain_values_are_what_consumers_can_read() -> None:
     assert plain_value(decimal.Decimal("1.10")) == "1.10"
     assert plain_value(dt.datetime(2024, 1, 2, 3, 4, 5)) == "2024-01-02T03:04:05"

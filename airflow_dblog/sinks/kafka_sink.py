@@ -4,13 +4,17 @@ Topic ``<prefix>.<db>.<table>``; message key = the primary key as a JSON object,
 lands on one partition and stays in order; value = ``{before, after, op, ts_ms, source}``; a
 tombstone (null value) follows each delete so compacted topics forget the key.
 
-Every micro-batch is one Kafka transaction of a producer whose ``transactional.id`` is the
-stream's: a consumer with ``isolation.level=read_committed`` sees a batch completely or not at
-all, and a restarted job fences off the old producer. The batch's last spool segment is written
-in the same transaction, as a message on the stream's own marker topic
+Each batch of spool segments is one Kafka transaction of a producer whose ``transactional.id``
+is the stream's: a consumer with ``isolation.level=read_committed`` sees a batch completely or
+not at all, and a restarted job fences off the old producer. The batch's last spool segment is
+written in the same transaction, as a message on the stream's own marker topic
 ``<prefix>.__dblog_batches.<stream>`` (compacted, one partition, written only by this producer):
-events of segments up to the marker are skipped, so a crash between Kafka's commit and Spark's,
-or a batch cut differently after Spark's checkpoint was lost, writes nothing twice.
+a restarted job sends from the segment after it, so nothing is written twice.
+
+Messages are concatenated in Python on the driver from the spool's event text
+(:class:`MessageBuilder`), not built by Spark: a Spark batch costs a second or more of CPU
+however small, which made Kafka's latency and the job's throughput Spark's (see
+:mod:`~airflow_dblog.kafka_forwarder`).
 (A marker message, not a consumer-group offset via ``send_offsets_to_transaction``: librdkafka
 can block in that call past its timeout when the group coordinator restarts.)
 """
@@ -19,16 +23,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Collection, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from airflow_dblog.config import KafkaSinkConfig
 from airflow_dblog.errors import DblogError
 from airflow_dblog.events import TableId
 from airflow_dblog.sources.base import TableSchema
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+from airflow_dblog.spool import EventText
 
 log = logging.getLogger(__name__)
 
@@ -47,95 +49,82 @@ def topic_name(prefix: str, table: TableId) -> str:
     return f"{prefix}.{table.db}.{table.table}"
 
 
-# One top-level scalar of a JSON array (the spool's key): a string with its escapes, or a bare
-# number / true / false / null. Key values are scalars (plain_value makes JSON columns text).
-_JSON_SCALAR = r'"(?:[^"\\]|\\.)*"|[^,\[\]"]+'
+_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
-def message_frame(
-    events: DataFrame,
-    schemas: Mapping[TableId, TableSchema],
-    tables: Collection[str],
-    stream: str,
-    source_kind: str,
-    config: KafkaSinkConfig,
-) -> DataFrame:
-    """The batch's Kafka messages: ``topic``, ``key``, ``value``, ``tombstone``, in event order.
+class MessageBuilder:
+    """An event as its Kafka message: ``(topic, key, value, tombstone)``.
 
-    Built with Spark expressions on the executors, so the driver only hands bytes to the
-    producer. The spool's row images are already JSON objects and are spliced in as text.
+    Concatenated from the event's JSON text (the same the spool line is made of): per table the
+    topic, the key's column names and the constant start of the ``source`` block are prepared
+    once; per event nothing is parsed or encoded but a multi-column key.
     """
-    from pyspark.sql import functions as F
 
-    topic = key = F.lit(None).cast("string")
-    for name in tables:
-        table = TableId.parse(name)
-        columns = schemas[table].key
-        if len(columns) == 1:  # the common case: the array's one element, no regex
-            values = [F.expr("substr(key, 2, length(key) - 2)")]
+    def __init__(
+        self,
+        schemas: Mapping[TableId, TableSchema],
+        stream: str,
+        source_kind: str,
+        config: KafkaSinkConfig,
+    ) -> None:
+        self.image_mode = config.image_mode
+        self._tables: dict[str, tuple[str, tuple[str, ...], str]] = {}
+        connector = CONNECTORS.get(source_kind, source_kind)
+        db_field = "schema" if source_kind == "postgres" else "database"
+        for table, schema in schemas.items():
+            head = _json(
+                {"connector": connector, "name": stream, "db": table.db, db_field: table.db}
+            )
+            self._tables[str(table)] = (
+                topic_name(config.topic_prefix, table),
+                tuple(schema.key),
+                f'{head[:-1]},"table":{_json(table.table)},"position":',
+            )
+
+    def __call__(self, event: EventText) -> Message:
+        topic, columns, source_head = self._tables[event.table]
+        if len(columns) == 1:  # the array's one scalar is the value's JSON text
+            key = f"{{{_json(columns[0])}:{event.key[1:-1]}}}"
         else:
-            found = F.regexp_extract_all(F.col("key"), F.lit(_JSON_SCALAR), 0)
-            values = [found[i] for i in range(len(columns))]
-        pairs = [
-            piece
-            for i, (column, value) in enumerate(zip(columns, values, strict=True))
-            for piece in (F.lit(("{" if i == 0 else ",") + json.dumps(column) + ":"), value)
-        ]
-        this = F.col("table") == name
-        topic = F.when(this, F.lit(topic_name(config.topic_prefix, table))).otherwise(topic)
-        key = F.when(this, F.concat(*pairs, F.lit("}"))).otherwise(key)
-    before, after = F.col("before"), F.col("after")
-    if config.image_mode == "NEW_IMAGE":
-        before = F.lit(None).cast("string")
-    elif config.image_mode == "OLD_IMAGE":
-        after = F.lit(None).cast("string")
-    elif config.image_mode == "KEYS_ONLY":
-        before = F.when(before.isNotNull(), key)
-        after = F.when(after.isNotNull(), key)
-    dot = F.instr(F.col("table"), ".")
-    db = F.col("table").substr(F.lit(1), dot - 1)
-    source = F.to_json(
-        F.struct(
-            F.lit(CONNECTORS.get(source_kind, source_kind)).alias("connector"),
-            F.lit(stream).alias("name"),
-            db.alias("db"),
-            db.alias("schema" if source_kind == "postgres" else "database"),
-            F.col("table").substr(dot + 1, F.length("table")).alias("table"),
-            F.col("position"),
-            F.col("ts_ms"),
-            F.when(F.col("op") == "r", "incremental").otherwise("false").alias("snapshot"),
-            F.col("dump_id"),
-            F.col("chunk_id"),
-        ),
-        {"ignoreNullFields": "false"},
-    )
-    extra = F.col("source")  # the reader's own fields (gtid, xid, pk_change): appended
-    source = F.when(extra.isNull() | (extra == "{}"), source).otherwise(
-        F.concat(
-            source.substr(F.lit(1), F.length(source) - 1),
-            F.lit(","),
-            extra.substr(F.lit(2), F.length(extra)),
+            key = _json(dict(zip(columns, json.loads(event.key), strict=True)))
+        before, after = event.before, event.after
+        mode = self.image_mode
+        if mode == "NEW_IMAGE":
+            before = "null"
+        elif mode == "OLD_IMAGE":
+            after = "null"
+        elif mode == "KEYS_ONLY":
+            before = "null" if before == "null" else key
+            after = "null" if after == "null" else key
+        op = event.op
+        extra = event.source[1:-1]  # the reader's own fields, appended to the source block
+        value = "".join(
+            (
+                '{"before":',
+                before,
+                ',"after":',
+                after,
+                ',"op":"',
+                op,
+                '","ts_ms":',
+                event.ts_ms,
+                ',"source":',
+                source_head,
+                _json(event.position),
+                ',"ts_ms":',
+                event.ts_ms,
+                ',"snapshot":',
+                '"incremental"' if op == "r" else '"false"',
+                ',"dump_id":',
+                event.dump_id,
+                ',"chunk_id":',
+                event.chunk_id,
+                "," if extra else "",
+                extra,
+                "}}",
+            )
         )
-    )
-    value = F.concat(
-        F.lit('{"before":'),
-        F.coalesce(before, F.lit("null")),
-        F.lit(',"after":'),
-        F.coalesce(after, F.lit("null")),
-        F.lit(',"op":"'),
-        F.col("op"),
-        F.lit('","ts_ms":'),
-        F.coalesce(F.col("ts_ms").cast("string"), F.lit("null")),
-        F.lit(',"source":'),
-        source,
-        F.lit("}"),
-    )
-    return events.select(
-        topic.alias("topic"),
-        key.alias("key"),
-        value.alias("value"),
-        (F.col("op") == "d").alias("tombstone"),
-    )
+        return topic, key, value, op == "d"
 
 
 def ensure_topics(
@@ -174,10 +163,6 @@ def ensure_topics(
                 ) from None
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
 class KafkaSink:
     name = "kafka"
 
@@ -192,6 +177,7 @@ class KafkaSink:
 
         self.config, self.stream, self.source_kind = config, stream, source_kind
         self.schemas = dict(schemas)
+        self.message = MessageBuilder(schemas, stream, source_kind, config)
         self.marker_topic = f"{config.topic_prefix}.__dblog_batches.{stream}"
         common = {"bootstrap.servers": config.bootstrap_servers}
         self._ensure_topics()
@@ -275,34 +261,6 @@ class KafkaSink:
                 found = found if segment is None else int(segment)
         finally:
             self.consumer.unassign()
-
-    def write_frame(
-        self,
-        version: int,
-        events: DataFrame,
-        tables: Collection[str],
-        dump_bounds: Mapping[str, Any] | None = None,
-    ) -> None:
-        committed = self.committed_segment()
-        if version <= committed:
-            log.info("kafka: segments up to %d are already committed; skipped", version)
-            return
-        if "seq" in events.columns:  # a batch that starts inside what Kafka holds
-            events = events.where(events["seq"] > committed)
-        messages = message_frame(
-            events, self.schemas, tables, self.stream, self.source_kind, self.config
-        )
-        # the frame is in spool order, which is log order (no shuffle in its plan); Arrow
-        # brings it to the driver in columnar batches, far cheaper than pickled rows
-        table = messages.toArrow()
-        self.write_messages(
-            version,
-            (
-                message
-                for batch in table.to_batches()
-                for message in zip(*(column.to_pylist() for column in batch.columns), strict=True)
-            ),
-        )
 
     def write_messages(self, version: int, messages: Iterable[Message]) -> int:
         """One transaction: every message (a tombstone after each delete), then the version.

@@ -17,7 +17,7 @@ from airflow_dblog.events import ChangeEvent, TableId
 from airflow_dblog.position import Position
 from airflow_dblog.sinks.delta_sink import DeltaSink, optimize, spark_type
 from airflow_dblog.sources.base import Column, TableSchema
-from airflow_dblog.spool import event_record
+from airflow_dblog.spool import EventText
 from airflow_dblog.stream_job import EVENT_DDL
 
 pytestmark = pytest.mark.integration
@@ -70,10 +70,9 @@ def _write(
     events: list[ChangeEvent],
     dump_bounds: dict[str, tuple[Any, Any]] | None = None,
 ) -> None:
-    import json
 
     spark = sink.spark
-    lines = spark.createDataFrame([(json.dumps(event_record(e)),) for e in events], "line string")
+    lines = spark.createDataFrame([(EventText.of(e).line(),) for e in events], "line string")
     frame = lines.selectExpr(f"from_json(line, '{EVENT_DDL}') AS e").select("e.*")
     sink.write_frame(batch_id, frame, {str(e.table) for e in events}, dump_bounds)
 

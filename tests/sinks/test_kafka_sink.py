@@ -1,8 +1,9 @@
-"""The Kafka sink on a real broker: envelope, tombstones, transactions, replayed batches."""
+"""The Kafka sink on a real broker: envelope, tombstones, transactions, the spool follower."""
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,11 +13,13 @@ from services import read_committed
 
 from airflow_dblog.config import KafkaSinkConfig
 from airflow_dblog.events import ChangeEvent, TableId
+from airflow_dblog.kafka_forwarder import KafkaForwarder
 from airflow_dblog.position import Position
-from airflow_dblog.sinks.kafka_sink import KafkaSink, message_frame, topic_name
+from airflow_dblog.sink_progress import SinkProgress
+from airflow_dblog.sinks.kafka_sink import KafkaSink, MessageBuilder, topic_name
 from airflow_dblog.sources.base import Column, TableSchema
-from airflow_dblog.spool import event_record
-from airflow_dblog.stream_job import EVENT_DDL
+from airflow_dblog.spool import EventText, Spool
+from airflow_dblog.stream_job import Worker
 
 TABLE = TableId("shop", "items")
 SCHEMA = TableSchema(
@@ -26,12 +29,11 @@ SCHEMA = TableSchema(
 )
 
 
-def _row(
+def _event(
     op: str, a: int, qty: int, offset: int, b: str = "x", key: tuple[str, ...] = ("a", "b")
-) -> dict[str, Any]:
-    """An event as a row of the stream's event frame (row images and source as JSON text)."""
+) -> ChangeEvent:
     image = {"a": a, "b": b, "qty": qty}
-    event = ChangeEvent(
+    return ChangeEvent(
         TABLE,
         op,  # type: ignore[arg-type]
         tuple(image[c] for c in key),
@@ -43,36 +45,24 @@ def _row(
         chunk_id=2 if op == "r" else None,
         gtid="0-1-5",
     )
-    record = event_record(event)
-    for field in ("before", "after", "source"):
-        record[field] = None if record[field] is None else json.dumps(record[field])
-    return record
 
 
-def _frame(spark: Any, rows: list[dict[str, Any]], seqs: list[int] | None = None) -> Any:
-    """The event frame a batch hands the sink; ``seqs``: each event's spool segment."""
-    columns = [c.split()[0] for c in EVENT_DDL.split(",")]
-    frame = spark.createDataFrame([tuple(r[c] for c in columns) for r in rows], EVENT_DDL)
-    if seqs is None:
-        return frame
-    return spark.createDataFrame(
-        [(seq, *row) for seq, row in zip(seqs, frame.collect(), strict=True)],
-        f"seq BIGINT, {EVENT_DDL}",
-    )
+def _row(op: str, a: int, qty: int, offset: int, b: str = "x", key: Any = ("a", "b")) -> str:
+    """An event as its spool line."""
+    return EventText.of(_event(op, a, qty, offset, b, key)).line()
 
 
 def _messages(
-    spark: Any,
-    rows: list[dict[str, Any]],
+    rows: list[str],
     mode: str = "NEW_AND_OLD_IMAGES",
     kind: str = "mysql",
     prefix: str = "p",
     schema: TableSchema = SCHEMA,
 ) -> list[tuple[Any, ...]]:
-    """The sink's messages for these rows (topics under ``prefix``)."""
+    """The sink's messages for these spool lines (topics under ``prefix``)."""
     config = KafkaSinkConfig("unused:9092", prefix, mode)
-    frame = message_frame(_frame(spark, rows), {TABLE: schema}, [str(TABLE)], "s", kind, config)
-    return [tuple(r) for r in frame.collect()]
+    build = MessageBuilder({TABLE: schema}, "s", kind, config)
+    return [build(EventText.parse(row)) for row in rows]
 
 
 @pytest.fixture
@@ -91,11 +81,11 @@ def sink_factory(kafka_server: Any) -> Iterator[Any]:
 
 
 def test_batch_becomes_envelopes_with_a_tombstone_after_each_delete(
-    kafka_server: Any, sink_factory: Any, spark: Any
+    kafka_server: Any, sink_factory: Any
 ) -> None:
     sink = sink_factory()
     rows = [_row("r", 1, 5, 10), _row("u", 1, 6, 11), _row("c", 2, 1, 12), _row("d", 2, 1, 13)]
-    assert sink.write_messages(0, _messages(spark, rows, prefix=sink.config.topic_prefix)) == 5
+    assert sink.write_messages(0, _messages(rows, prefix=sink.config.topic_prefix)) == 5
     messages = read_committed(
         kafka_server.bootstrap_servers, topic_name(sink.config.topic_prefix, TABLE)
     )
@@ -109,43 +99,53 @@ def test_batch_becomes_envelopes_with_a_tombstone_after_each_delete(
     assert updated["source"]["gtid"] == "0-1-5" and updated["source"]["connector"] == "mysql"
 
 
-def test_a_batch_cut_differently_sends_only_the_segments_kafka_lacks(
-    kafka_server: Any, sink_factory: Any, spark: Any
-) -> None:
-    """Spark's checkpoint lost: the new query's first batch spans segments Kafka holds."""
-    sink = sink_factory()
-    held = [_row("c", 1, 5, 10), _row("u", 1, 6, 11)]
-    sink.write_frame(4, _frame(spark, held, seqs=[3, 4]), [str(TABLE)])
-    recut = _frame(spark, [*held, _row("u", 1, 7, 12)], seqs=[3, 4, 5])
-    sink.write_frame(5, recut, [str(TABLE)])
-    topic = topic_name(sink.config.topic_prefix, TABLE)
-    values = [v["after"]["qty"] for _, v in read_committed(kafka_server.bootstrap_servers, topic)]
-    assert values == [5, 6, 7]
-    assert sink.committed_segment() == 5
+def _spool_with(spool: Spool, *segments: list[ChangeEvent]) -> None:
+    for events in segments:
+        spool.append(events, {"closed": [], "reader": None, "position": None})
 
 
-def test_replayed_batch_is_skipped_even_by_a_restarted_sink(
-    kafka_server: Any, sink_factory: Any, spark: Any
+def _forward(sink: KafkaSink, spool: Spool) -> list[int]:
+    """Run a forwarder until it has sent and reported every segment on disk; the reported."""
+    reported: list[int] = []
+    progress = SinkProgress(
+        ["kafka"], lambda footers: reported.extend(f["seq"] for f in footers), lambda seq: None
+    )
+    thread = Worker("dblog-kafka", KafkaForwarder(sink, spool, progress, lambda: None).run)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while (not reported or reported[-1] < spool.end() - 1) and thread.error is None:
+        assert time.monotonic() < deadline, "the forwarder did not catch up in 60 s"
+        time.sleep(0.05)
+    thread.stopping.set()
+    thread.join(10)
+    assert thread.error is None
+    return reported
+
+
+def test_a_restarted_forwarder_sends_after_the_marker_and_reports_what_kafka_held(
+    kafka_server: Any, sink_factory: Any, tmp_path: Any
 ) -> None:
+    """A crash between Kafka's commit and the report: the next run reports, sends nothing twice."""
+    spool = Spool(tmp_path / "spool")
+    _spool_with(spool, [_event("c", 1, 5, 10)], [], [_event("u", 1, 6, 11)])
     first = sink_factory(stream="replay")
-    first.write_frame(0, _frame(spark, [_row("c", 1, 5, 10)]), [str(TABLE)])
-    first.write_frame(1, _frame(spark, [_row("u", 1, 6, 11)]), [str(TABLE)])
+    assert _forward(first, spool) == [0, 1, 2]
     first.close()
+    _spool_with(spool, [_event("u", 1, 7, 12), _event("u", 1, 8, 13)], [])
     again = sink_factory(stream="replay")  # a new process: same transactional id, fences the old
-    assert again.committed_segment() == 1
+    assert again.committed_segment() == 2
+    # segments 0-2 reported from the marker, 3-4 sent
+    assert _forward(again, spool) == [0, 1, 2, 3, 4]
     topic = topic_name(again.config.topic_prefix, TABLE)
-    again.write_frame(1, _frame(spark, [_row("u", 1, 99, 50)]), [str(TABLE)])
-    again.write_frame(2, _frame(spark, [_row("u", 1, 7, 12), _row("u", 1, 8, 13)]), [str(TABLE)])
     values = [v["after"]["qty"] for _, v in read_committed(kafka_server.bootstrap_servers, topic)]
     assert values == [5, 6, 7, 8]
+    assert again.committed_segment() == 4  # the marker is the batch's last segment
 
 
-def test_a_failed_batch_leaves_nothing_visible(
-    kafka_server: Any, sink_factory: Any, spark: Any
-) -> None:
+def test_a_failed_batch_leaves_nothing_visible(kafka_server: Any, sink_factory: Any) -> None:
     sink = sink_factory()
     prefix = sink.config.topic_prefix
-    first_two = _messages(spark, [_row("c", 1, 5, 10), _row("c", 2, 5, 11)], prefix=prefix)
+    first_two = _messages([_row("c", 1, 5, 10), _row("c", 2, 5, 11)], prefix=prefix)
 
     def broken() -> Iterator[tuple[Any, ...]]:
         yield from first_two
@@ -154,7 +154,7 @@ def test_a_failed_batch_leaves_nothing_visible(
     with pytest.raises(OSError):
         sink.write_messages(0, broken())
     assert sink.committed_segment() == -1
-    sink.write_messages(0, _messages(spark, [_row("c", 3, 5, 12)], prefix=prefix))
+    sink.write_messages(0, _messages([_row("c", 3, 5, 12)], prefix=prefix))
     messages = read_committed(
         kafka_server.bootstrap_servers, topic_name(sink.config.topic_prefix, TABLE)
     )
@@ -174,8 +174,8 @@ def test_a_failed_batch_leaves_nothing_visible(
         ("KEYS_ONLY", {"a": 1, "b": "x"}, {"a": 1, "b": "x"}),
     ],
 )
-def test_image_modes(mode: str, before: Any, after: Any, spark: Any) -> None:
-    [(topic, key, value, tombstone)] = _messages(spark, [_row("u", 1, 6, 11)], mode)
+def test_image_modes(mode: str, before: Any, after: Any) -> None:
+    [(topic, key, value, tombstone)] = _messages([_row("u", 1, 6, 11)], mode)
     assert (topic, json.loads(key), tombstone) == ("p.shop.items", {"a": 1, "b": "x"}, False)
     decoded = json.loads(value)
     assert (decoded["before"], decoded["after"]) == (before, after)
@@ -186,13 +186,12 @@ def test_image_modes(mode: str, before: Any, after: Any, spark: Any) -> None:
     "b", ['x,"y"]', "back\\slash", "ünï \u2603", "", "[1,2]", " null ", '{"k": ["v"]}']
 )
 def test_keys_and_envelope_are_exact_json_whatever_the_key_text(
-    b: str, key_columns: tuple[str, ...], spark: Any
+    b: str, key_columns: tuple[str, ...]
 ) -> None:
-    """The key object is cut from the spool's key array text: quotes, commas, brackets, escapes."""
-    row = _row("d", -7, 3, 20, b=b, key=key_columns)
-    row["source"] = json.dumps({"xid": 42, "pk_change": "deleted"})
+    record = json.loads(EventText.of(_event("d", -7, 3, 20, b=b, key=key_columns)).line())
+    record["source"] = {"xid": 42, "pk_change": "deleted"}
     schema = TableSchema(TABLE, SCHEMA.columns, key_columns)
-    [(_, key, value, tombstone)] = _messages(spark, [row], kind="postgres", schema=schema)
+    [(_, key, value, tombstone)] = _messages([json.dumps(record)], kind="postgres", schema=schema)
     assert json.loads(key) == {c: {"a": -7, "b": b}[c] for c in key_columns} and tombstone
     assert json.loads(value) == {
         "before": {"a": -7, "b": b, "qty": 3},
@@ -222,7 +221,7 @@ def test_spark_reads_the_topic_with_a_schema(
     """Consumers need nothing of ours: Spark's Kafka source plus a schema for the envelope."""
     sink = sink_factory()
     rows = [_row("c", 1, 5, 10), _row("u", 1, 6, 11), _row("d", 1, 6, 12)]
-    sink.write_frame(0, _frame(spark, rows), [str(TABLE)])
+    sink.write_messages(0, _messages(rows, prefix=sink.config.topic_prefix))
     topic = topic_name(sink.config.topic_prefix, TABLE)
     image = "a BIGINT, b STRING, qty BIGINT"
     envelope_ddl = (
