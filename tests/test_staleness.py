@@ -120,8 +120,15 @@ def _kill_at(run: Run, point: str, rng: random.Random) -> str:
     if point == "first-commit":
         stream.wait_running()
     elif point == "first-chunk":
+        # the capture starts before Spark: a small dump may be all selected (its rows in the
+        # spool) before an earlier kill, leaving this run no chunk to claim: then kill once
+        # the dump is done
+        assert run.dump_id is not None
         deadline = time.monotonic() + 300
         while not run.chunk_claimed():
+            if run.store.progress(run.dump_id).state == "done":
+                point = "first-chunk (none left: dump done)"
+                break
             stream.check_alive()
             assert time.monotonic() < deadline, "no chunk was claimed"
             time.sleep(0.05)
