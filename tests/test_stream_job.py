@@ -25,7 +25,9 @@ from workload import Db, db_for, load, source_rows, writers
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import Config, load_config
+from airflow_dblog.errors import MetadataError
 from airflow_dblog.metadata import MetadataStore
+from airflow_dblog.stream_job import BatchCommitter, _terminated
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -148,6 +150,33 @@ def test_a_kafka_or_metadata_database_outage_mid_dump_loses_nothing(
     else:
         assert exits == 1 and len(errors) == 1
         assert "the metadata database postgresql" in errors[0] and ":***@" in errors[0]
+
+
+class _GoneStore:
+    """A metadata store whose database went away (failure injection)."""
+
+    def check_fence(self) -> None:
+        raise MetadataError("the metadata database x failed: Connection refused", "start it")
+
+
+def test_a_failed_delta_batch_is_reported_as_its_own_one_line_error(spark: Any) -> None:
+    """Spark wraps a foreachBatch exception in pages of py4j traceback; the job reports the
+    cause (e.g. the metadata database) in one line, whichever of its threads saw it first."""
+    committer = BatchCommitter(sink=None, progress=None, store=_GoneStore())  # type: ignore[arg-type]
+    query = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", 1)
+        .load()
+        .writeStream.foreachBatch(committer)
+        .start()
+    )
+    try:
+        with pytest.raises(MetadataError, match=r"^the metadata database x failed"):
+            deadline = time.monotonic() + 120
+            while not _terminated(query, committer, 1.0):
+                assert time.monotonic() < deadline, "the query did not fail"
+    finally:
+        query.stop()
 
 
 def _check_outputs(spark: Any, config: Config, db: Db, stream: Stream) -> None:
