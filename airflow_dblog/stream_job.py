@@ -62,18 +62,18 @@ EVENT_DDL = (
 
 
 class FrameSink(Protocol):
-    """A Spark sink: ``write_frame`` is idempotent per version and never moves a key back."""
+    """A Spark sink: ``write_frame`` is idempotent per segment and never moves a key back."""
 
     name: str
 
     def write_frame(
         self,
-        version: int,
+        segment: int,
         events: DataFrame,
         tables: Collection[str],
         dump_bounds: Mapping[str, tuple[Any, Any]] | None = None,
     ) -> None:
-        """``version``: the batch's last spool segment; a sink that holds it writes nothing.
+        """``segment``: the batch's last spool segment; a sink that holds it writes nothing.
 
         ``events`` carries each event's spool segment (``seq``); ``tables``: the ``db.table``
         names with events in the batch; ``dump_bounds``: those with dumped rows only, and the
@@ -127,8 +127,8 @@ class BatchCommitter:
             if count:
                 events = parsed.where(~F.col("footer")).select("seq", "e.*")
                 tables = sorted({table for f in footers for table in f["tables"]})
-                version = max(f["seq"] for f in footers)
-                self.sink.write_frame(version, events, tables, dump_bounds(footers))
+                last = max(f["seq"] for f in footers)
+                self.sink.write_frame(last, events, tables, dump_bounds(footers))
             committed = self.progress.held(self.sink.name, footers)
             closed = sum(len(f["closed"]) for f in committed)
             if count or closed:
@@ -250,8 +250,10 @@ def _start_delta_query(
     cleanup.callback(describer.close)
     # versions are spool segments; the plain app id held Spark batch ids (before 0.2)
     app_id = f"dblog-{config.name}/segments"
-    delta = DeltaSink(spark, config.delta, schemas, app_id, describer.describe)
+    token = store.fence.token if store.fence is not None else 0
+    delta = DeltaSink(spark, config.delta, schemas, app_id, describer.describe, token)
     cleanup.callback(delta.close)
+    delta.fence()  # a deposed leader's batch, even one under way, now commits nothing
     committer = BatchCommitter(delta, progress, store)
     query = (
         spark.readStream.format(NAME)

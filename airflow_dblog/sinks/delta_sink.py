@@ -6,10 +6,12 @@ one, so a replayed or late event can never move a key back; a batch of dumped ro
 bounded by its key range. A delete becomes a tombstone row
 (``_dblog_deleted = true``, key columns kept, the rest null), which keeps the guard working for
 that key; tombstones older than ``tombstone_retention_hours`` are removed. Every MERGE carries
-Delta's idempotent-write transaction id (the stream, the batch's last spool segment):
-a replayed batch commits nothing. Tables are created with the change data feed on (users read
-it; it costs <0.5 s a batch). Deletion vectors stay off: measured, they made a MERGE of 2,000
-updates 1.6x slower here (more Spark jobs), and `dblog optimize` compacts what updates leave.
+Delta's idempotent-write transaction id (the stream, the leader's lease token and the batch's
+last spool segment): a replayed batch commits nothing, and neither does a deposed leader once
+the new one has fenced the table (:meth:`DeltaSink.fence`). Tables are created with the
+change data feed on (users read it; it costs <0.5 s a batch). Deletion vectors stay off:
+measured, they made a MERGE of 2,000 updates 1.6x slower here (more Spark jobs), and
+`dblog optimize` compacts what updates leave.
 
 Column types follow the source's declared types; values arrive as the spool's plain JSON and
 are cast on the executors.
@@ -25,7 +27,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_dblog.config import DeltaSinkConfig
-from airflow_dblog.errors import DblogError
+from airflow_dblog.errors import DblogError, FencedError
 from airflow_dblog.events import TableId
 from airflow_dblog.sources.base import Column, TableSchema
 
@@ -41,6 +43,7 @@ _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _PURGE_EVERY_S = 3600.0
 MERGE_ATTEMPTS = 5
+SEGMENT_BITS = 32  # a transaction version is (lease token << SEGMENT_BITS) | spool segment
 
 _INTEGER = re.compile(r"^(tiny|small|medium|big)?int(eger)?\b|^int[248]\b|^(small|big)?serial")
 _DECIMAL = re.compile(r"^(decimal|numeric)\s*\((\d+)(?:\s*,\s*(\d+))?\)")
@@ -120,26 +123,58 @@ class DeltaSink:
         schemas: Mapping[TableId, TableSchema],
         app_id: str,
         describe: Callable[[TableId], TableSchema] | None = None,
+        lease_token: int = 0,
     ) -> None:
         self.spark, self.config, self.schemas, self.app_id = spark, config, dict(schemas), app_id
         self.describe = describe
+        self.lease_token = lease_token  # 0 without ha
         self._purged_at: dict[TableId, float] = {}
 
     def table_path(self, table: TableId) -> str:
         return table_path(self.config, table)
 
+    def txn_version(self, segment: int) -> int:
+        """The batch's idempotence id: above every version a leader of an older token wrote."""
+        if not 0 <= segment < 1 << SEGMENT_BITS:
+            raise ValueError(f"spool segment {segment} out of range")
+        return self.lease_token << SEGMENT_BITS | segment
+
+    def fence(self) -> None:
+        """Make every table refuse a deposed leader's commits (run by a new leader first).
+
+        An empty commit records version ``(token << SEGMENT_BITS) - 1`` under the stream's app
+        id, above every version of an older token: an older leader's MERGE already running
+        fails Delta's conflict check (a concurrent commit of the same app id), and any later
+        one is skipped as already applied. The lease check before each batch narrows the
+        window; this closes it, since the fence takes part in Delta's own commit.
+        """
+        if not self.lease_token:
+            return
+        for table in self.schemas:
+            target = self._table(table)
+            (
+                target.toDF()
+                .limit(0)
+                .write.format("delta")
+                .mode("append")
+                .option("txnAppId", self.app_id)
+                .option("txnVersion", (self.lease_token << SEGMENT_BITS) - 1)
+                .save(self.table_path(table))
+            )
+
     def write_frame(
         self,
-        version: int,
+        segment: int,
         events: DataFrame,
         tables: Collection[str],
         dump_bounds: Mapping[str, tuple[Any, Any]] | None = None,
     ) -> None:
         """Apply one batch of events (the spool's event frame) to every table it touches.
 
-        ``dump_bounds``: tables with only dumped rows in the batch, and the range of their first
-        key column.
+        ``segment``: the batch's last spool segment. ``dump_bounds``: tables with only dumped
+        rows in the batch, and the range of their first key column.
         """
+        version = self.txn_version(segment)
         for name in tables:
             table = TableId.parse(name)
             self._follow_schema(table)
@@ -232,11 +267,19 @@ class DeltaSink:
         conf = self.spark.conf
         conf.set(_TXN_APP, self.app_id)
         conf.set(_TXN_VERSION, str(version))
+        from delta.exceptions import ConcurrentTransactionException
+
         try:
             for attempt in range(1, MERGE_ATTEMPTS + 1):
                 try:
                     merge.execute()
                     return
+                except ConcurrentTransactionException:
+                    raise FencedError(
+                        f"another leader fenced the Delta table of {table} during this"
+                        " process's MERGE; nothing of it was committed",
+                        "nothing to do: this process was deposed and the new leader continues",
+                    ) from None
                 except _concurrent_commit_errors() as err:
                     # `dblog optimize` committed first: nothing of ours was, so run it again
                     if attempt == MERGE_ATTEMPTS:

@@ -111,6 +111,25 @@ def test_replayed_batch_changes_nothing(sink: DeltaSink) -> None:
     assert _state(sink) == state
 
 
+def test_a_deposed_leader_commits_nothing_once_the_new_leader_fenced_the_table(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Lease tokens take part in Delta's commit: after the leader of token 8 fenced the table,
+    a batch of the leader of token 7 (frozen past its lease, now awake) is skipped, even one
+    with newer positions and a later segment, while the new leader's batches apply."""
+    config = DeltaSinkConfig(str(tmp_path / "delta"))
+    old = DeltaSink(spark, config, {TABLE: SCHEMA}, "dblog-test", lease_token=7)
+    new = DeltaSink(spark, config, {TABLE: SCHEMA}, "dblog-test", lease_token=8)
+    _write(old, 5, [_event("c", 1, 5, 10)])
+    new.fence()
+    version = _version(new)
+    _write(old, 6, [_event("u", 1, 6, 11), _event("c", 2, 1, 12)])
+    _write(old, 1 << 20, [_event("c", 3, 1, 13)])
+    assert _version(new) == version and set(_state(new)) == {1}
+    _write(new, 0, [_event("u", 1, 7, 11)])  # the new leader replays from the spool
+    assert _state(new)[1]["qty"] == 7
+
+
 def test_older_event_never_overwrites_and_tombstone_blocks_resurrection(sink: DeltaSink) -> None:
     _write(sink, 1, [_event("u", 1, 6, 20), _event("d", 2, 7, 21)])
     _write(sink, 2, [_event("u", 1, 5, 15), _event("r", 2, 7, 16)])  # older: both ignored
