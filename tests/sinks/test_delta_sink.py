@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import decimal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from airflow_dblog.config import DeltaSinkConfig
-from airflow_dblog.errors import DblogError
+from airflow_dblog.errors import DblogError, FencedError
 from airflow_dblog.events import ChangeEvent, TableId
 from airflow_dblog.position import Position
 from airflow_dblog.sinks.delta_sink import DeltaSink, optimize, spark_type
@@ -128,6 +129,46 @@ def test_a_deposed_leader_commits_nothing_once_the_new_leader_fenced_the_table(
     assert _version(new) == version and set(_state(new)) == {1}
     _write(new, 0, [_event("u", 1, 7, 11)])  # the new leader replays from the spool
     assert _state(new)[1]["qty"] == 7
+
+
+def test_a_deposed_leaders_merge_under_way_fails_when_the_new_leader_fences(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The fence lands while the old leader's MERGE runs (its source is slowed down by a UDF):
+    Delta's conflict check fails that commit, reported as fenced, and nothing of it lands."""
+    from pyspark.sql import functions as F
+
+    config = DeltaSinkConfig(str(tmp_path / "delta"))
+    old = DeltaSink(spark, config, {TABLE: SCHEMA}, "dblog-test", lease_token=7)
+    _write(old, 1, [_event("c", 1, 5, 10)])
+    version = _version(old)
+
+    @F.udf("bigint", useArrow=False)
+    def slow(ts: int) -> int:
+        time.sleep(0.5)
+        return ts
+
+    events = [_event("c", a, 1, 10 + a) for a in range(2, 12)]
+    lines = spark.createDataFrame([(EventText.of(e).line(),) for e in events], "line string")
+    frame = lines.selectExpr(f"from_json(line, '{EVENT_DDL}') AS e").select("e.*")
+    frame = frame.repartition(1).withColumn("ts_ms", slow("ts_ms"))
+    failed: list[BaseException] = []
+
+    def merge() -> None:
+        try:
+            old.write_frame(2, frame, {str(TABLE)})
+        except BaseException as err:  # handed to the test thread
+            failed.append(err)
+
+    thread = threading.Thread(target=merge)
+    thread.start()
+    time.sleep(2.5)  # the MERGE has started its transaction and waits for its source
+    new = DeltaSink(spark.newSession(), config, {TABLE: SCHEMA}, "dblog-test", lease_token=8)
+    new.fence()
+    thread.join(120)
+    assert len(failed) == 1 and isinstance(failed[0], FencedError), failed
+    assert _version(new) == version + 1  # the fence, not the old MERGE
+    assert set(_state(new)) == {1}
 
 
 def test_older_event_never_overwrites_and_tombstone_blocks_resurrection(sink: DeltaSink) -> None:
