@@ -5,8 +5,12 @@ placed right after its chunk's high watermark: the watermark's coordinates follo
 ``1 + row index``. Comparing tuples (or the strings) therefore orders dumped rows after the
 watermark event and before anything the log produces later.
 
-MySQL/MariaDB: (binlog file index, event offset, row index in event, sub)
+MySQL/MariaDB: (lineage epoch << 32 | binlog file index, event offset, row index in event, sub)
 PostgreSQL:    (commit LSN, change index in transaction, sub)
+
+The lineage epoch grows when the stream continues on another binlog history (a promoted replica,
+a RESET MASTER), whose file numbers may be lower: every position of the new history sorts after
+every position of the old one. It is 0 until then, so older positions keep their text.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Literal
 Kind = Literal["mysql", "postgres"]
 
 _WIDTH = 20  # digits of a 64-bit unsigned integer
+EPOCH_SHIFT = 32  # binlog file indices stay below 2**32 (MySQL numbers them up to 999,999+)
 _ARITY: dict[str, int] = {"mysql": 4, "postgres": 3}
 
 
@@ -27,8 +32,15 @@ class Position:
     coords: tuple[int, ...]
 
     @classmethod
-    def mysql(cls, file_index: int, offset: int, row: int = 0, sub: int = 0) -> Position:
-        return cls((file_index, offset, row, sub))
+    def mysql(
+        cls, file_index: int, offset: int, row: int = 0, sub: int = 0, *, epoch: int = 0
+    ) -> Position:
+        return cls((epoch << EPOCH_SHIFT | file_index, offset, row, sub))
+
+    @property
+    def epoch(self) -> int:
+        """MySQL/MariaDB: the lineage epoch of the binlog history this position belongs to."""
+        return self.coords[0] >> EPOCH_SHIFT
 
     @classmethod
     def postgres(cls, lsn: int, change: int = 0, sub: int = 0) -> Position:

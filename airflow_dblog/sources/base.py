@@ -84,6 +84,10 @@ class Source(Protocol):
 
 
 class ChangelogReader(Protocol):
+    # which history of the source's log this reader follows: the Source places the positions
+    # it reads (watermarks, snapshots) on the same one (MySQL/MariaDB; 0 elsewhere)
+    lineage_epoch: int
+
     def read(self, max_items: int, timeout_s: float) -> list[LogItem]:
         """Up to ``max_items`` items in commit order; a Heartbeat when idle for ``timeout_s``."""
         ...

@@ -13,13 +13,24 @@ Positions
 
 Offsets (``offset()``), JSON-able::
 
-    {"file": "mysql-bin.000003", "pos": 1234, "after": "<Position string>" | null}
+    {"file": "mysql-bin.000003", "pos": 1234, "after": "<Position string>" | null,
+     "server": "<server_id>[/<server_uuid>]", "gtid": "0-1-500" | null, "epoch": 0}
 
 ``file``/``pos`` is where a new reader starts reading: the start of the transaction holding the
 last returned item (or, between transactions, the end of the last one). ``after`` is the
 position of the last returned item; a resumed reader drops everything at or before it. Together
 they resume exactly after the last returned item, even in the middle of a multi-row event or a
 multi-statement transaction.
+
+Lineage
+    ``server`` names the server the offset belongs to and ``gtid`` (MariaDB) its GTID position
+    there. A reader started on another server (the config points at a promoted replica) or on a
+    binlog that was reset (RESET MASTER: the offset's file is gone and only lower numbers exist,
+    or the file name was reused for other transactions) cannot use ``file``/``pos``: it resumes
+    by GTID on the new server, or from the start of the reset binlog (a warning names the dump
+    that recovers what the reset discarded), on the next lineage ``epoch``: every position of the
+    new history sorts after the old ones (``position.py``). Resuming by GTID is MariaDB's
+    protocol; MySQL's GTID sets are not followed across servers yet (a one-line error).
 
 Idleness
     ``read`` returns what it has as soon as the server has sent nothing more; the server sends
@@ -109,6 +120,58 @@ _MARIADB_FL_STANDALONE = 1
 def server_id_for(name: str) -> int:
     """A stable replica server id derived from a stream name (1 .. 2**31)."""
     return 1 + zlib.crc32(name.encode()) % (2**31 - 1)
+
+
+@dataclass(frozen=True)
+class _Mark:
+    """Where a reader resumes to re-read an item: ``file``/``pos`` (its transaction's start,
+    or between transactions the last one's end), the GTID position there, and the GTID of the
+    transaction holding the item (MariaDB)."""
+
+    file: str
+    pos: int
+    gtid_pos: str | None
+    trx_gtid: str | None
+
+
+@dataclass(frozen=True)
+class _Resume:
+    """Where a reader starts: ``file``/``pos``, or (``file`` None) after GTID position ``gtid``."""
+
+    file: str | None
+    pos: int
+    after: Position | None
+    gtid: str | None
+    epoch: int
+    trx_items: int = 0  # by GTID: items of the first transaction returned before
+    trx_gtid: str | None = None
+
+
+def _gtid_domains(text: str | None) -> dict[str, str]:
+    """MariaDB GTID position ``0-1-500,1-2-7`` by domain."""
+    return {g.split("-", 1)[0]: g for g in (text or "").split(",") if g.count("-") == 2}
+
+
+def _reset_since(read: Iterable[str | None], head: str) -> bool:
+    """A GTID the stream read has a higher sequence number than the server's last one of that
+    domain: sequence numbers only grow, unless the binlog was reset (RESET MASTER) since."""
+    last = {d: int(g.rsplit("-", 1)[1]) for d, g in _gtid_domains(head).items()}
+    return any(
+        last.get(domain, 0) < int(gtid.rsplit("-", 1)[1])
+        for text in read
+        for domain, gtid in _gtid_domains(text).items()
+    )
+
+
+def _gtid_text(domains: dict[str, str]) -> str:
+    return ",".join(domains[d] for d in sorted(domains, key=int))
+
+
+def _same_history(ours: str, theirs: str) -> bool:
+    """Whether a binlog offset the server places at GTID position ``theirs`` is the one the
+    stream recorded at ``ours`` (each domain the stream saw at the same GTID)."""
+    at = _gtid_domains(theirs)
+    return all(at.get(domain) == gtid for domain, gtid in _gtid_domains(ours).items())
 
 
 @dataclass
@@ -306,25 +369,36 @@ class BinlogReader:
             self.source.check_binlog()
             for table in sorted(self.tables, key=str):
                 self.source.table_info(table, refresh=True)
-            start_file, start_pos, after = self._start(offset)
+            self.identity = self.source.identity()
+            start = self._start(offset)
         except BaseException:
             self.source.close()
             raise
+        start_file, start_pos, after = start.file, start.pos, start.after
+        self.lineage_epoch = self.source.lineage_epoch = start.epoch
+        # MariaDB: the last committed GTID per domain (the GTID position of _last_end)
+        self._gtids = _gtid_domains(start.gtid)
+        self._gtid_pos = start.gtid
         # resume point of the last returned item (what offset() reports)
-        self._ret_file, self._ret_pos, self._ret_after = start_file, start_pos, after
+        self._ret = _Mark(start_file, start_pos, start.gtid, start.trx_gtid)  # type: ignore[arg-type]
+        self._ret_after, self._ret_trx_items = after, start.trx_items
+        self._trx_items = 0
+        self._skip_items = start.trx_items if start.file is None else 0  # resumed by GTID
         # skip items at or before this position (resume inside a transaction)
         self._skip: Position | None = after
         self._produced: Position | None = after  # last item put into _pending
         # stream bookkeeping
         self._file = start_file
-        self._file_index = binlog_file_index(start_file)
+        self._file_index = self._lineage_index(start_file) if start_file else 0
         self._in_trx = False
         self._trx_start = (start_file, start_pos)
         self._last_end = (start_file, start_pos)
         self._gtid: str | None = None
+        self._mariadb_gtid: str | None = None
         self._saw_begin = False
         self._implied_begin = False
-        self._pending: deque[tuple[LogItem, str, int]] = deque()
+        # (item, where a resumed reader starts, items of that transaction up to this one)
+        self._pending: deque[tuple[LogItem, _Mark, int]] = deque()
         self._codecs: dict[int, _TableCodec | None] = {}
         self._stream: BinLogStreamReader | None = None
         self._stream_start = (start_file, start_pos)
@@ -332,24 +406,84 @@ class BinlogReader:
 
     # -- start ------------------------------------------------------------------------------
 
-    def _start(self, offset: Offset | None) -> tuple[str, int, Position | None]:
+    def _start(self, offset: Offset | None) -> _Resume:
+        source = self.source
         if not offset:
             # not SHOW MASTER STATUS: a transaction before it may not be visible yet, and a
             # dump bound read later would then miss a row the log never shows either
-            file, pos = self.source.visible_status()
-            return file, pos, None
+            file, pos = source.visible_status()
+            return _Resume(file, pos, None, source.gtid_at(file, pos), 0)
         try:
-            file, pos = str(offset["file"]), int(offset["pos"])
-            binlog_file_index(file)
+            file = None if offset.get("file") is None else str(offset["file"])
+            pos = int(offset.get("pos") or 0)
+            if file is not None:
+                binlog_file_index(file)
             after = Position.parse(offset["after"]) if offset.get("after") else None
+            gtid = offset.get("gtid") or None
+            epoch = int(offset.get("epoch") or 0)
+            server = offset.get("server")
+            returned = int(offset.get("trx_items") or 0)
+            if file is None and not gtid:
+                raise ValueError
         except (KeyError, TypeError, ValueError):
             raise SourceError(
                 f"stream offset {offset!r} is not a binlog offset",
                 "reset the stream offset and run a new full dump (dblog dump --all)",
             ) from None
-        if file not in self.source.binary_logs():
-            raise self._purged(file)
-        return file, pos, after
+        if server is not None and server != self.identity:
+            return self._moved(server, gtid, epoch, returned)
+        if file is None:  # resumed by GTID here, nothing committed since
+            return _Resume(None, 0, after, gtid, epoch, returned)
+        logs = source.binary_logs()
+        here = source.gtid_at(file, pos) if file in logs else None  # None: not an event start
+        if not gtid:  # MySQL, or an offset of an older version
+            if file in logs:
+                return _Resume(file, pos, after, here, epoch)
+        elif here is not None and _same_history(gtid, here):
+            head = source.gtid_executed()
+            if not _reset_since([gtid, offset.get("trx_gtid")], head):
+                return _Resume(file, pos, after, gtid, epoch)
+            return self._reset(file, pos, logs, epoch, f"the server's GTIDs are back at {head}")
+        elif file in logs:
+            return self._reset(file, pos, logs, epoch, f"{file}:{pos} is at GTID {here}")
+        if logs and max(binlog_file_index(f) for f in logs) < binlog_file_index(file):
+            return self._reset(file, pos, logs, epoch, f"its files now end at {logs[-1]}")
+        raise self._purged(file)
+
+    def _moved(self, server: str, gtid: str | None, epoch: int, returned: int) -> _Resume:
+        """The config now points at another server (a promoted replica): resume by GTID."""
+        where = self.settings.where
+        if not gtid or self.source.flavor != "mariadb":
+            raise SourceError(
+                f"{where} is another server (server {server} -> {self.identity}) and the stream"
+                " offset has no MariaDB GTID position to resume from there",
+                "point source.url back at the server the stream followed, or start a new"
+                " stream (new name) and run a full dump (dblog dump --all)",
+            )
+        log.warning(
+            "%s is another server (server %s -> %s): resuming after GTID %s, lineage epoch %d",
+            where,
+            server,
+            self.identity,
+            gtid,
+            epoch + 1,
+        )
+        return _Resume(None, 0, None, gtid, epoch + 1, returned)
+
+    def _reset(self, file: str, pos: int, logs: list[str], epoch: int, why: str) -> _Resume:
+        """The binlog was reset (RESET MASTER): continue from the start of the new one."""
+        log.warning(
+            "the binlog of %s was reset since the stream read %s:%s (%s): continuing from"
+            " %s:4, lineage epoch %d; changes committed before the reset and not yet captured"
+            " are not in the binlog: run a full dump (dblog dump --all) to recover them",
+            self.settings.where,
+            file,
+            pos,
+            why,
+            logs[0],
+            epoch + 1,
+        )
+        return _Resume(logs[0], 4, None, self.source.gtid_at(logs[0], 4), epoch + 1)
 
     @staticmethod
     def _purged(file: str) -> SourceError:
@@ -366,13 +500,15 @@ class BinlogReader:
         watched = {*self.tables, *self._watermark_tables()}
         schemas, names = {t.db for t in watched}, {t.table for t in watched}
         self._codecs.clear()
+        by_gtid = file is None  # MariaDB's GTID protocol; else file/position on both flavours
         return BinLogStreamReader(
             connection_settings=settings,
             server_id=self.server_id,
             resume_stream=True,
             blocking=True,
             log_file=file,
-            log_pos=pos,
+            log_pos=pos if file is not None else None,
+            auto_position=self._gtid_pos if by_gtid else None,
             only_events=[
                 RotateEvent,
                 QueryEvent,
@@ -390,7 +526,7 @@ class BinlogReader:
             only_schemas=sorted(schemas),
             only_tables=sorted(names),
             slave_heartbeat=self.heartbeat_s,
-            is_mariadb=False,  # file/position protocol on both flavours
+            is_mariadb=by_gtid,
             enable_logging=False,
         )
 
@@ -407,6 +543,13 @@ class BinlogReader:
                 code = err.args[0] if err.args and isinstance(err.args[0], int) else None
                 start = self._stream_start
                 self._reset_stream()
+                if code in _PURGED_CODES and start[0] is None:
+                    raise SourceError(
+                        f"{self.settings.where} cannot resume the stream after GTID"
+                        f" {self._gtid_pos}: {err.args[-1]}",
+                        "check that this server replicated from the one the stream followed;"
+                        " otherwise start a new stream (new name) with a full dump",
+                    ) from None
                 if code in _PURGED_CODES:
                     raise self._purged(start[0]) from None
                 if attempt == 1 or code in (1045, 2002, 2003, 2005):
@@ -446,14 +589,19 @@ class BinlogReader:
         return bool(wait_s > 0 and select.select([sock], [], [], wait_s)[0])
 
     def _reset_stream(self) -> None:
-        """Drop the connection; the next read reopens at the current transaction's start."""
+        """Drop the connection; the next read reopens at the current transaction's start
+        (or, resumed by GTID with no transaction begun since, at the same GTID position)."""
         self._close_stream()
         self._stream_start = self._trx_start if self._in_trx else self._last_end
         self._skip = self._produced
         self._in_trx = False
         self._last_end = self._stream_start
         self._file = self._stream_start[0]
-        self._file_index = binlog_file_index(self._file)
+        self._file_index = self._lineage_index(self._file) if self._file else 0
+
+    def _lineage_index(self, file: str) -> int:
+        """The first Position coordinate of ``file``: its index on this lineage epoch."""
+        return Position.mysql(binlog_file_index(file), 0, epoch=self.lineage_epoch).coords[0]
 
     def _stamp(self) -> tuple[str, int]:
         stream = self._stream
@@ -483,19 +631,20 @@ class BinlogReader:
 
     def _take(self, out: list[LogItem], max_items: int) -> None:
         while self._pending and len(out) < max_items:
-            item, file, pos = self._pending.popleft()
+            item, mark, n = self._pending.popleft()
             out.append(item)
-            self._ret_file, self._ret_pos, self._ret_after = file, pos, item.position
+            self._ret, self._ret_after, self._ret_trx_items = mark, item.position, n
 
     def _heartbeat(self, budget_s: float, max_items: int) -> Heartbeat | list[LogItem] | None:
         """Idle: catch up with SHOW MASTER STATUS and report that position."""
         target_file, target_pos = self.source.master_status()
-        target = (binlog_file_index(target_file), target_pos)
+        target = (self._lineage_index(target_file), target_pos)
         deadline = time.monotonic() + budget_s
         while True:
-            if self._stream is not None:
+            # resumed by GTID: no position to report before the first transaction begins
+            if self._stream is not None and self._last_end[0] is not None:
                 file, pos = self._stamp()
-                here = (binlog_file_index(file), pos)
+                here = (self._lineage_index(file), pos)
                 if here >= target and not self._pending:
                     break
             if self._pending:
@@ -513,7 +662,10 @@ class BinlogReader:
         if self._ret_after is not None and position < self._ret_after:
             position = self._ret_after
         file, pos = self._trx_start if self._in_trx else self._last_end
-        self._ret_file, self._ret_pos, self._ret_after = file, pos, position
+        trx_gtid = self._mariadb_gtid if self._in_trx else None
+        self._ret = _Mark(file, pos, self._gtid_pos, trx_gtid)
+        self._ret_after = position
+        self._ret_trx_items = self._trx_items if self._in_trx else 0
         return Heartbeat(position)
 
     def _step(self) -> None:
@@ -523,10 +675,11 @@ class BinlogReader:
             self._reset_stream()
             return
         self._server_idle = isinstance(event, HeartbeatLogEvent)
+        by_gtid = self._last_end[0] is None  # resumed by GTID, no transaction begun yet
         if isinstance(event, RotateEvent):
             self._file = event.next_binlog
-            self._file_index = binlog_file_index(event.next_binlog)
-            if not self._in_trx:
+            self._file_index = self._lineage_index(event.next_binlog)
+            if not self._in_trx and not by_gtid:  # by GTID: the position of a skipped event
                 self._last_end = (event.next_binlog, int(event.position))
             return
         end = int(event.packet.log_pos)
@@ -537,6 +690,7 @@ class BinlogReader:
         elif isinstance(event, (GtidEvent, MariadbGtidEvent)):
             self._begin(event, end)
             self._gtid = event.gtid
+            self._mariadb_gtid = event.gtid if isinstance(event, MariadbGtidEvent) else None
             # MariaDB: a GTID event without FL_STANDALONE stands for BEGIN (no query event)
             self._implied_begin = isinstance(event, MariadbGtidEvent) and not (
                 event.flags & _MARIADB_FL_STANDALONE
@@ -549,11 +703,13 @@ class BinlogReader:
             self._commit(end)
         elif isinstance(event, QueryEvent):
             self._query(event, end)
-        if not self._in_trx and end > 0 and not isinstance(event, HeartbeatLogEvent):
+        heartbeat = isinstance(event, HeartbeatLogEvent)
+        if not self._in_trx and end > 0 and not by_gtid and not heartbeat:
             self._last_end = (self._file, end)
 
     def _begin(self, event: Any, end: int) -> None:
         self._in_trx = True
+        self._trx_items = 0
         self._saw_begin = False
         self._implied_begin = False
         self._trx_start = (self._file, end - int(event.packet.event_size))
@@ -562,6 +718,11 @@ class BinlogReader:
         self._in_trx = False
         self._gtid = None
         self._last_end = (self._file, end)
+        self._skip_items = 0  # only the first transaction after a resume by GTID
+        if self._mariadb_gtid is not None:
+            self._gtids[self._mariadb_gtid.split("-", 1)[0]] = self._mariadb_gtid
+            self._gtid_pos = _gtid_text(self._gtids)
+            self._mariadb_gtid = None
 
     def _query(self, event: QueryEvent, end: int) -> None:
         text = " ".join(event.query.split()[:3]).upper()
@@ -686,6 +847,7 @@ class BinlogReader:
         if codec is None:
             return
         file, pos = self._trx_start if self._in_trx else self._last_end
+        mark = _Mark(file, pos, self._gtid_pos, self._mariadb_gtid)
         fi = self._file_index
         skip = self._skip
         if skip is not None and (fi, end) > skip.coords[:2]:
@@ -697,18 +859,23 @@ class BinlogReader:
             kind = "c"
         else:
             kind = "d"
+        # items of this transaction so far, read or not: a resume by GTID (which starts at the
+        # transaction) skips the ones already returned
+        n, returned = self._trx_items, self._skip_items
         if codec.watermark:
             for index, row in enumerate(event.rows):
                 position = Position.mysql(fi, end, index)
-                if kind == "d" or (skip is not None and position <= skip):
+                n += 1
+                if kind == "d" or (skip is not None and position <= skip) or n <= returned:
                     continue
                 image = row["after_values"] if kind == "u" else row["values"]
                 stream = str(image["stream"])
                 if self.watermark_stream is not None and stream != self.watermark_stream:
                     continue
                 item = WatermarkEvent(stream, str(image["value"]), position)
-                pending.append((item, file, pos))
+                pending.append((item, mark, n))
                 self._produced = position
+            self._trx_items = n
             return
         convert = codec.convert
         key_cols = codec.key
@@ -751,7 +918,8 @@ class BinlogReader:
             for op, key, b, a in parts:
                 position = Position.mysql(fi, end, index)
                 index += 1
-                if skip is not None and position <= skip:
+                n += 1
+                if (skip is not None and position <= skip) or n <= returned:
                     continue
                 item = ChangeEvent(
                     table=table,
@@ -763,16 +931,23 @@ class BinlogReader:
                     ts_ms=ts_ms,
                     gtid=gtid,
                 )
-                pending.append((item, file, pos))
+                pending.append((item, mark, n))
                 self._produced = position
+        self._trx_items = n
 
     # -- offsets ----------------------------------------------------------------------------
 
     def offset(self) -> Offset:
+        ret = self._ret
         return {
-            "file": self._ret_file,
-            "pos": self._ret_pos,
+            "file": ret.file,
+            "pos": ret.pos,
             "after": None if self._ret_after is None else str(self._ret_after),
+            "server": self.identity,
+            "gtid": ret.gtid_pos,
+            "trx_gtid": ret.trx_gtid,
+            "trx_items": self._ret_trx_items,
+            "epoch": self.lineage_epoch,
         }
 
     def acknowledge(self, offset: Offset) -> None:

@@ -453,6 +453,8 @@ class MysqlSource:
         self._tables: dict[TableId, TableInfo] = {}
         self._version: str | None = None
         self._status_sql: str | None = None
+        # the binlog history the stream follows (see position.py); set from the reader's offset
+        self.lineage_epoch = 0
 
     # -- connection -------------------------------------------------------------------------
 
@@ -596,8 +598,26 @@ class MysqlSource:
 
     def binlog_position(self) -> Position:
         """The end of the binlog now, as a Position after every row logged so far."""
-        file, offset = self.master_status()
-        return Position.mysql(binlog_file_index(file), offset, END_OF_EVENT)
+        return self.position(*self.master_status())
+
+    def position(self, file: str, offset: int) -> Position:
+        """The Position of a binlog end offset (after every row logged before it)."""
+        epoch = self.lineage_epoch
+        return Position.mysql(binlog_file_index(file), offset, END_OF_EVENT, epoch=epoch)
+
+    def identity(self) -> str:
+        """Which server this is: a replica promoted in its place has another server_id (and
+        on MySQL another server_uuid), so the same binlog file names mean other bytes."""
+        found = self.variables(["server_id", "server_uuid"])
+        return "/".join(v for v in (found.get("server_id"), found.get("server_uuid")) if v)
+
+    def gtid_at(self, file: str, offset: int) -> str | None:
+        """MariaDB: the GTID position of a binlog offset (``BINLOG_GTID_POS``); None elsewhere
+        or when the server does not know the offset."""
+        if self.flavor != "mariadb":
+            return None
+        value = self.query("SELECT BINLOG_GTID_POS(%s, %s)", (file, offset))[0][0]
+        return None if value is None else "".join(str(value).split())
 
     def binary_logs(self) -> list[str]:
         """Binlog files the server still has (``SHOW BINARY LOGS``)."""
@@ -908,8 +928,7 @@ class MysqlSource:
         return self._run("read the binlog snapshot position", work)
 
     def visible_position(self) -> Position:
-        file, offset = self.visible_status()
-        return Position.mysql(binlog_file_index(file), offset, END_OF_EVENT)
+        return self.position(*self.visible_status())
 
     def check_commit_order(self) -> None:
         """``table`` watermarks: a SELECT after the low watermark's commit must see everything
@@ -953,8 +972,7 @@ class MysqlSource:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
             try:
-                file, offset = self._snapshot_status(cur)
-                position = Position.mysql(binlog_file_index(file), offset, END_OF_EVENT)
+                position = self.position(*self._snapshot_status(cur))
                 if on_snapshot is not None:
                     on_snapshot(position)
                 rows = []

@@ -250,6 +250,8 @@ def parse_offset(offset: Offset) -> tuple[Position | None, int]:
 class Wal2jsonReader:
     """``ChangelogReader`` over a wal2json logical replication slot (see the module doc)."""
 
+    lineage_epoch = 0  # LSNs continue across a promotion (a new timeline)
+
     def __init__(
         self,
         url: str | ConnectionSettings,

@@ -9,7 +9,13 @@ import decimal
 import pytest
 
 from airflow_dblog.errors import SourceError
-from airflow_dblog.sources.binlog_reader import _enum_values, server_id_for
+from airflow_dblog.position import Position
+from airflow_dblog.sources.binlog_reader import (
+    _enum_values,
+    _reset_since,
+    _same_history,
+    server_id_for,
+)
 from airflow_dblog.sources.mysql import (
     ColumnInfo,
     _keyset_after,
@@ -172,3 +178,43 @@ def test_unreachable_server_error_names_host_not_password() -> None:
     assert "127.0.0.1:1" in text
     assert "topsecretpw" not in text
     assert "\n" not in text
+
+
+def test_a_new_lineage_epoch_sorts_after_every_position_of_the_old_one() -> None:
+    old = Position.mysql(999_999, 1 << 40, 7, 3)
+    new = Position.mysql(1, 4, epoch=1)
+    assert new > old and str(new) > str(old) and (old.epoch, new.epoch) == (0, 1)
+    assert str(Position.mysql(3, 120)) == str(Position.parse(str(Position.mysql(3, 120))))
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "same"),
+    [
+        ("0-1-500", "0-1-500", True),
+        ("0-1-500", "0-1-500,1-2-7", True),  # a domain the stream never saw
+        ("0-1-500,1-2-7", "0-1-500,1-2-8", False),
+        ("0-1-500", "0-2-500", False),  # same number, another server's transaction
+        ("0-1-500", "", False),
+    ],
+)
+def test_same_history_compares_every_domain_the_stream_saw(
+    ours: str, theirs: str, same: bool
+) -> None:
+    assert _same_history(ours, theirs) is same
+
+
+@pytest.mark.parametrize(
+    ("read", "head", "reset"),
+    [
+        (["0-1-500", "0-1-501"], "0-1-900", False),
+        (["0-1-500", None], "0-1-500", False),
+        (["0-1-500", "0-1-501"], "0-1-500", True),  # the transaction read is gone
+        (["0-1-500"], "0-1-3", True),  # numbered from 1 again
+        (["0-1-500"], "", True),
+        (["0-1-500"], "0-2-600", False),  # a failover inside the domain: numbers go on
+    ],
+)
+def test_reset_since_means_a_sequence_number_went_back(
+    read: list[str | None], head: str, reset: bool
+) -> None:
+    assert _reset_since(read, head) is reset
