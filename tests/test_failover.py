@@ -27,6 +27,7 @@ from workload import Db, load, writers
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
 from airflow_dblog.metadata import MetadataStore
+from airflow_dblog.position import Position, binlog_file_index
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -46,6 +47,11 @@ def _sql(server: MySQLServer, *statements: str) -> list[tuple[Any, ...]]:
             return list(cur.fetchall())
     finally:
         conn.close()
+
+
+def _committed(store: MetadataStore, stream: str) -> str:
+    state = store.stream_state(stream)
+    return (state.position or "") if state else ""
 
 
 def test_a_promoted_replica_and_a_reset_binlog_lose_and_double_nothing(
@@ -97,6 +103,10 @@ def test_a_promoted_replica_and_a_reset_binlog_lose_and_double_nothing(
             )
             assert dblog(["set", "-c", str(config_path), "--delay-ms", "0"]) == 0
             until("the dump", lambda: store.progress(dump.id).state == "done", 600, stream)
+        # RESET MASTER discards what the stream has not read yet: an operator lets it catch up
+        file, pos = _sql(replica, "SHOW MASTER STATUS")[0][:2]
+        head = str(Position.mysql(binlog_file_index(file), pos - 1, epoch=1))
+        until("the stream to catch up", lambda: _committed(store, config.name) >= head, 120, stream)
         assert stream.stop() == 0
 
         _sql(replica, "RESET MASTER")

@@ -143,8 +143,8 @@ class _Resume:
     after: Position | None
     gtid: str | None
     epoch: int
-    trx_items: int = 0  # by GTID: items of the first transaction returned before
-    trx_gtid: str | None = None
+    trx_items: int = 0  # items of the transaction at file/pos (or, by GTID, the first one)
+    trx_gtid: str | None = None  # the GTID of that transaction
 
 
 def _gtid_domains(text: str | None) -> dict[str, str]:
@@ -402,6 +402,7 @@ class BinlogReader:
         self._codecs: dict[int, _TableCodec | None] = {}
         self._stream: BinLogStreamReader | None = None
         self._stream_start = (start_file, start_pos)
+        self._opened = False  # a reopened connection checks that the server is still the same
         self._server_idle = False
 
     # -- start ------------------------------------------------------------------------------
@@ -436,13 +437,14 @@ class BinlogReader:
             return _Resume(None, 0, after, gtid, epoch, returned)
         logs = source.binary_logs()
         here = source.gtid_at(file, pos) if file in logs else None  # None: not an event start
+        trx_gtid = offset.get("trx_gtid")
         if not gtid:  # MySQL, or an offset of an older version
             if file in logs:
-                return _Resume(file, pos, after, here, epoch)
+                return _Resume(file, pos, after, here, epoch, returned, trx_gtid)
         elif here is not None and _same_history(gtid, here):
             head = source.gtid_executed()
-            if not _reset_since([gtid, offset.get("trx_gtid")], head):
-                return _Resume(file, pos, after, gtid, epoch)
+            if not _reset_since([gtid, trx_gtid], head):
+                return _Resume(file, pos, after, gtid, epoch, returned, trx_gtid)
             return self._reset(file, pos, logs, epoch, f"the server's GTIDs are back at {head}")
         elif file in logs:
             return self._reset(file, pos, logs, epoch, f"{file}:{pos} is at GTID {here}")
@@ -494,6 +496,14 @@ class BinlogReader:
 
     def _open(self) -> BinLogStreamReader:
         file, pos = self._stream_start
+        if self._opened and (now := self.source.identity()) != self.identity:
+            # a failover behind the same address: these offsets mean other bytes there
+            raise SourceError(
+                f"{self.settings.where} is now another server (server {self.identity} ->"
+                f" {now}); the stream resumes there by GTID when started again",
+                "start the stream again (a supervisor does)",
+            )
+        self._opened = True
         settings = self.settings.pymysql_kwargs()
         settings["read_timeout"] = self.read_timeout_s
         settings["write_timeout"] = self.read_timeout_s

@@ -319,6 +319,24 @@ def test_connection_loss_neither_loses_nor_doubles(db: Db, readers: list[BinlogR
     assert [e.key for e in rest] == [(3,), (4,)]
 
 
+def test_a_reconnect_that_meets_another_server_stops_the_reader(
+    db: Db, readers: list[BinlogReader], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failover behind the same address: the reader's offsets mean other bytes there."""
+    db.execute(f"CREATE TABLE {db.q('v')} (id int PRIMARY KEY)")
+    reader = open_reader(readers, db, ["v"])
+    db.execute(f"INSERT INTO {db.q('v')} VALUES (1)")
+    assert len(changes(drain(reader, 1))) == 1
+    # what the promoted replica behind the address would answer (failure injection)
+    monkeypatch.setattr(reader.source, "identity", lambda: "7")
+    stream = reader._stream
+    assert stream is not None
+    db.execute("KILL %s", (stream._stream_connection.thread_id(),))
+    db.execute(f"INSERT INTO {db.q('v')} VALUES (2)")
+    with pytest.raises(SourceError, match=r"is now another server \(server \d+ -> 7\)"):
+        drain(reader, 1)
+
+
 def test_purged_binlog_is_reported(
     db: Db, source: MysqlSource, readers: list[BinlogReader]
 ) -> None:
