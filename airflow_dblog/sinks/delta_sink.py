@@ -148,19 +148,28 @@ class DeltaSink:
         one is skipped as already applied. The lease check before each batch narrows the
         window; this closes it, since the fence takes part in Delta's own commit.
         """
+        from delta.exceptions import ConcurrentTransactionException
+
         if not self.lease_token:
             return
         for table in self.schemas:
             target = self._table(table)
-            (
+            fence = (
                 target.toDF()
                 .limit(0)
                 .write.format("delta")
                 .mode("append")
                 .option("txnAppId", self.app_id)
                 .option("txnVersion", (self.lease_token << SEGMENT_BITS) - 1)
-                .save(self.table_path(table))
             )
+            for attempt in range(1, MERGE_ATTEMPTS + 1):
+                try:
+                    fence.save(self.table_path(table))  # skipped if a newer token fenced
+                    break
+                except ConcurrentTransactionException:
+                    # an older leader woke up and fenced (or committed) first: again
+                    if attempt == MERGE_ATTEMPTS:
+                        raise
 
     def write_frame(
         self,

@@ -122,6 +122,20 @@ def server_id_for(name: str) -> int:
     return 1 + zlib.crc32(name.encode()) % (2**31 - 1)
 
 
+class _StreamReader(BinLogStreamReader):
+    """pymysqlreplication reconnects by itself, at its last event, or connected by GTID at the
+    first GTID again (events read since would come twice). Here a reconnect is a lost
+    connection: the reader reopens at its own resume point, checking the server first."""
+
+    _connected = False
+
+    def _BinLogStreamReader__connect_to_stream(self) -> None:  # the library's private hook
+        if self._connected:
+            raise pymysql.err.OperationalError(2013, "Lost connection to server during query")
+        self._connected = True
+        super()._BinLogStreamReader__connect_to_stream()  # type: ignore[misc]
+
+
 @dataclass(frozen=True)
 class _Mark:
     """Where a reader resumes to re-read an item: ``file``/``pos`` (its transaction's start,
@@ -400,7 +414,7 @@ class BinlogReader:
         # (item, where a resumed reader starts, items of that transaction up to this one)
         self._pending: deque[tuple[LogItem, _Mark, int]] = deque()
         self._codecs: dict[int, _TableCodec | None] = {}
-        self._stream: BinLogStreamReader | None = None
+        self._stream: _StreamReader | None = None
         self._stream_start = (start_file, start_pos)
         self._opened = False  # a reopened connection checks that the server is still the same
         self._server_idle = False
@@ -494,7 +508,7 @@ class BinlogReader:
             "run a new full dump (dblog dump --all) after resetting the stream offset",
         )
 
-    def _open(self) -> BinLogStreamReader:
+    def _open(self) -> _StreamReader:
         file, pos = self._stream_start
         if self._opened and (now := self.source.identity()) != self.identity:
             # a failover behind the same address: these offsets mean other bytes there
@@ -511,7 +525,7 @@ class BinlogReader:
         schemas, names = {t.db for t in watched}, {t.table for t in watched}
         self._codecs.clear()
         by_gtid = file is None  # MariaDB's GTID protocol; else file/position on both flavours
-        return BinLogStreamReader(
+        return _StreamReader(
             connection_settings=settings,
             server_id=self.server_id,
             resume_stream=True,
