@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from airflow_dblog.config import Config, load_config
 from airflow_dblog.errors import ConfigError, DblogError, InputError
 from airflow_dblog.events import TableId
+from airflow_dblog.keys import parse_keys
 from airflow_dblog.metadata import MetadataStore
 from airflow_dblog.redact import redact
 
@@ -57,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--pk",
         action="append",
-        metavar="JSON",
-        help='a primary key to dump: 42, "abc", [1, "x"] or {"id": 1} (repeatable; needs --table)',
+        metavar="KEY",
+        help='a primary key to dump, as the Airflow form takes it: 42, abc, [1, "x"] or'
+        ' {"id": 1} (repeatable; needs --table)',
     )
     p.add_argument("--requested-by", default="cli", help="who asked (stored with the dump)")
     p.set_defaults(handler=_dump)
@@ -127,7 +129,7 @@ def _dump(args: argparse.Namespace) -> int:
     from airflow_dblog.planner import plan_dump  # talks to the source database
 
     store = MetadataStore(config.metadata_url)
-    keys = [_parse_key(text) for text in args.pk or []]
+    keys = [key for text in args.pk or [] for key in parse_keys(text)]
     dump_id = plan_dump(
         config,
         store,
@@ -139,16 +141,6 @@ def _dump(args: argparse.Namespace) -> int:
     print(f"planned dump {dump_id} of {', '.join(progress.tables)}: {progress.chunks_total} chunks")
     print(dump_id)
     return 0
-
-
-def _parse_key(text: str) -> object:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        raise InputError(
-            f"--pk {text!r} is not JSON",
-            'quote strings and write composite keys as [1, "x"] or {"col": 1}',
-        ) from None
 
 
 def _status(args: argparse.Namespace) -> int:

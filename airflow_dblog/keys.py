@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -78,3 +79,33 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
     raise TypeError(f"cannot store a key value of type {type(value).__name__}")
+
+
+def parse_keys(text: str) -> list[Any]:
+    """One key per line, as the Airflow form and ``dblog dump --pk`` take them: JSON where the
+    line is a number, ``true``/``false``/``null``, a quoted string, a list or an object;
+    otherwise the line itself is a string key."""
+    keys: list[Any] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line:
+            continue
+        if line[0] in '[{"' or line in ("true", "false", "null") or _is_number(line):
+            try:
+                keys.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise InputError(
+                    f"line {number} of the keys is not valid JSON: {line[:60]!r}",
+                    'write composite keys as [1, "x"] or {"col": 1}',
+                ) from None
+        else:
+            keys.append(line)
+    return keys
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -23,7 +23,11 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 SPARK_VERSION = "4.2.0"
-FIX = "run scripts/services.sh spark-jars"
+FIX = (
+    "run scripts/services.sh spark-jars in a source checkout (the wheel does not ship scripts/),"
+    " or set DBLOG_SPARK_JARS_DIR to a directory holding io.delta:delta-spark_4.2_2.13 4.4.0 and"
+    f" spark-sql-kafka-0-10_2.13 {SPARK_VERSION} with their dependencies"
+)
 
 # Delta Lake wiring; every session that touches a Delta table needs both.
 DELTA_CONF: dict[str, str] = {

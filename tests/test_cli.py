@@ -147,7 +147,8 @@ def test_dump_plans_against_real_mariadb(mysql_db: Any, tmp_path: Path) -> None:
         (["--table", f"{mysql_db.name}.nope"], "is not captured by stream inventory"),
         (["--table", table, "--pk", '["one", "x"]'], "column a"),
         (["--table", table, "--pk", "[1]"], "has 1 value(s)"),
-        (["--table", table, "--pk", "{bad json"], "is not JSON"),
+        (["--table", table, "--pk", "{bad json"], "is not valid JSON"),
+        (["--table", table, "--pk", "abc"], "key 'abc' for"),  # a bare value is a key
         (["--all", "--pk", "1"], "--pk needs exactly one --table"),
     ]:
         before = len(MetadataStore(f"sqlite:///{tmp_path}/meta.db").dumps("inventory"))

@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from airflow_dblog.errors import InputError
-from airflow_dblog.keys import from_json, key_in_order, to_json
+from airflow_dblog.keys import from_json, key_in_order, parse_keys, to_json
 
 
 @pytest.mark.parametrize(
@@ -59,3 +59,10 @@ def test_json_round_trip_keeps_bytes_and_text_forms() -> None:
     assert from_json(encoded)[:3] == [1, "x", b"\x00\xff"]
     with pytest.raises(TypeError):
         to_json([object()])
+
+
+def test_parse_keys_one_per_line_as_the_form_and_the_cli_take_them() -> None:
+    text = '42\nabc\n\n[1, "eu"]\n{"id": 2, "region": "us"}\n  7.5 \n"quoted"'
+    assert parse_keys(text) == [42, "abc", [1, "eu"], {"id": 2, "region": "us"}, 7.5, "quoted"]
+    with pytest.raises(InputError, match="line 2 of the keys is not valid JSON"):
+        parse_keys('1\n[1, "x"')

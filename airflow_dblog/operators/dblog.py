@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from airflow_dblog.compat import BaseOperator, Context
 from airflow_dblog.errors import InputError
 from airflow_dblog.hooks.dblog import DblogHook
+from airflow_dblog.keys import parse_keys
 
 
 class _DblogOperator(BaseOperator):
@@ -100,34 +100,6 @@ class DblogSetOperator(_DblogOperator):
             delay_ms=_int(self.delay_ms),
             parallelism=_int(self.parallelism),
         )
-
-
-def parse_keys(text: str) -> list[Any]:
-    """One key per line; JSON where it parses, otherwise the line is a string key."""
-    keys: list[Any] = []
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line:
-            continue
-        if line[0] in '[{"' or line in ("true", "false", "null") or _is_number(line):
-            try:
-                keys.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise InputError(
-                    f"line {number} of the keys is not valid JSON: {line[:60]!r}",
-                    'write composite keys as [1, "x"] or {"col": 1}',
-                ) from None
-        else:
-            keys.append(line)
-    return keys
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _int(value: int | str | None) -> int | None:

@@ -26,7 +26,10 @@ Heartbeats
 
 Offsets and acknowledgements
     ``offset()`` is ``{"version": 1, "slot": ..., "position": <last item's position or null>,
-    "flush_lsn": "X/Y"}``. ``flush_lsn`` is the end of the last transaction returned completely
+    "flush_lsn": "X/Y", "system": <system identifier>, "timeline": N}``. A reader refuses another
+    cluster; on a promoted standby (another timeline, LSNs going on) it continues only if the
+    slot there holds everything after ``flush_lsn`` (a slot created after the promotion does not).
+    ``flush_lsn`` is the end of the last transaction returned completely
     (or the last heartbeat's LSN): a new reader starts streaming there and drops every item at or
     before ``position``, so it continues exactly after the last item returned, also in the middle
     of a transaction. ``acknowledge(offset)`` is the only thing that sends ``flush_lsn`` to the
@@ -250,7 +253,7 @@ def parse_offset(offset: Offset) -> tuple[Position | None, int]:
 class Wal2jsonReader:
     """``ChangelogReader`` over a wal2json logical replication slot (see the module doc)."""
 
-    lineage_epoch = 0  # LSNs continue across a promotion (a new timeline)
+    lineage_epoch = 0  # LSNs go on across a promotion (a new timeline): see _check_lineage
 
     def __init__(
         self,
@@ -300,8 +303,12 @@ class Wal2jsonReader:
 
         self._last: Position | None = None  # position of the last item returned
         self._safe = 0  # every transaction committing before this LSN was returned completely
+        # the cluster (system identifier) and timeline the offset's LSNs belong to
+        self._lineage: tuple[str | None, int | None] = (None, None)
         if offset is not None:
             self._last, self._safe = parse_offset(offset)
+            timeline = offset.get("timeline")
+            self._lineage = (offset.get("system"), None if timeline is None else int(timeline))
             if offset.get("slot") not in (None, self.slot):
                 raise SourceError(
                     f"the saved reader offset is for replication slot {offset.get('slot')},"
@@ -409,6 +416,11 @@ class Wal2jsonReader:
         self._conn = conn
         cur = conn.cursor()
         try:
+            self._check_lineage(cur)
+        except BaseException:
+            self._close_stream()
+            raise
+        try:
             cur.start_replication(
                 slot_name=self.slot,
                 decode=True,
@@ -421,6 +433,40 @@ class Wal2jsonReader:
             raise self._stream_error(err) from None
         self._cur = cur
         self._last_request = 0.0
+
+    def _check_lineage(self, cur: Any) -> None:
+        """Refuse another cluster; across a promotion (a new timeline: LSNs go on) continue
+        only if the slot still holds everything after the offset."""
+        cur.execute("IDENTIFY_SYSTEM")
+        row = cur.fetchone()
+        system, timeline = str(row[0]), int(row[1])
+        saved_system, saved_timeline = self._lineage
+        where = self.source.where
+        if saved_system is not None and system != saved_system:
+            raise SourceError(
+                f"PostgreSQL at {where} is another cluster (system identifier {saved_system} ->"
+                f" {system}): the stream's LSNs mean nothing there",
+                "point source.url back at the cluster the stream followed, or start a new"
+                " stream (new name) and run a full dump (dblog dump --all)",
+            )
+        if saved_timeline is not None and timeline != saved_timeline:
+            if self._acked > self._safe:
+                raise SourceError(
+                    f"PostgreSQL at {where} was promoted (timeline {saved_timeline} ->"
+                    f" {timeline}) and replication slot {self.slot} there starts at"
+                    f" {int_to_lsn(self._acked)}, after the stream's {int_to_lsn(self._safe)}:"
+                    " changes committed in between are not in the slot",
+                    "start a new stream (new name) and run a full dump (dblog dump --all)",
+                )
+            log.warning(
+                "PostgreSQL at %s was promoted (timeline %d -> %d): continuing from %s on slot %s",
+                where,
+                saved_timeline,
+                timeline,
+                int_to_lsn(self._safe),
+                self.slot,
+            )
+        self._lineage = (system, timeline)
 
     def _stream_error(self, err: psycopg2.Error) -> SourceError:
         text = " ".join(redact(str(getattr(err, "pgerror", None) or err)).split())
@@ -579,6 +625,8 @@ class Wal2jsonReader:
             "slot": self.slot,
             "position": None if self._last is None else str(self._last),
             "flush_lsn": int_to_lsn(self._safe),
+            "system": self._lineage[0],
+            "timeline": self._lineage[1],
         }
 
     def acknowledge(self, offset: Offset) -> None:

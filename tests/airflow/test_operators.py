@@ -7,23 +7,15 @@ from typing import Any
 
 import pytest
 
-from airflow_dblog.errors import DblogError, InputError
+from airflow_dblog.errors import DblogError
 from airflow_dblog.hooks.dblog import DblogHook
 from airflow_dblog.operators.dblog import (
     DblogBackfillOperator,
     DblogControlOperator,
     DblogDumpOperator,
     DblogSetOperator,
-    parse_keys,
 )
 from airflow_dblog.sensors.dblog import DblogDumpSensor, DumpFailed
-
-
-def test_parse_keys_one_per_line() -> None:
-    text = '42\nabc\n\n[1, "eu"]\n{"id": 2, "region": "us"}\n  7.5 \n"quoted"'
-    assert parse_keys(text) == [42, "abc", [1, "eu"], {"id": 2, "region": "us"}, 7.5, "quoted"]
-    with pytest.raises(InputError, match="line 2 of the keys is not valid JSON"):
-        parse_keys('1\n[1, "x"')
 
 
 @pytest.fixture()

@@ -80,6 +80,7 @@ def sink_factory(kafka_server: Any) -> Iterator[Any]:
         sink.close()
 
 
+@pytest.mark.integration  # a real broker
 def test_batch_becomes_envelopes_with_a_tombstone_after_each_delete(
     kafka_server: Any, sink_factory: Any
 ) -> None:
@@ -122,6 +123,7 @@ def _forward(sink: KafkaSink, spool: Spool) -> list[int]:
     return reported
 
 
+@pytest.mark.integration  # a real broker
 def test_a_restarted_forwarder_sends_after_the_marker_and_reports_what_kafka_held(
     kafka_server: Any, sink_factory: Any, tmp_path: Any
 ) -> None:
@@ -142,6 +144,7 @@ def test_a_restarted_forwarder_sends_after_the_marker_and_reports_what_kafka_hel
     assert again.committed_segment() == 4  # the marker is the batch's last segment
 
 
+@pytest.mark.integration  # a real broker
 def test_a_failed_batch_leaves_nothing_visible(kafka_server: Any, sink_factory: Any) -> None:
     sink = sink_factory()
     prefix = sink.config.topic_prefix
@@ -215,6 +218,7 @@ def test_keys_and_envelope_are_exact_json_whatever_the_key_text(
     }
 
 
+@pytest.mark.integration  # a real broker
 def test_spark_reads_the_topic_with_a_schema(
     kafka_server: Any, sink_factory: Any, spark: Any
 ) -> None:
