@@ -17,10 +17,11 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from services import MySQLServer, ServiceUnavailable, _free_port, wait_until_ready
+from services import MySQLServer, ServiceUnavailable, _free_port, run_sql, wait_until_ready
 
 MARIADBD = "/usr/sbin/mariadbd"
 INSTALL_DB = "mariadb-install-db"
@@ -52,8 +53,8 @@ def private_mariadb(
 ) -> Iterator[MySQLServer]:
     """A running private MariaDB as a :class:`MySQLServer`; stopped and deleted on exit.
 
-    ``options`` are extra ``[mariadbd]`` settings (they override :data:`CDC_OPTIONS`); a
-    replica for a later primary+replica test is a second call with another ``server_id``.
+    ``options`` are extra ``[mariadbd]`` settings (they override :data:`CDC_OPTIONS`); see
+    :func:`primary_and_replica` for two servers replicating.
     """
     # Short path: the unix socket path must stay under ~107 bytes.
     base = Path(tempfile.mkdtemp(prefix="dblog-mdb-"))
@@ -94,6 +95,31 @@ def private_mariadb(
                 proc.kill()
                 proc.wait(30)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def primary_and_replica(
+    primary_id: int, replica_id: int
+) -> Iterator[tuple[MySQLServer, MySQLServer]]:
+    """Two private servers, the second replicating the first by GTID from its first event."""
+    with private_mariadb(primary_id) as primary, private_mariadb(replica_id) as replica:
+        run_sql(
+            replica,
+            f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={primary.port},"
+            " MASTER_USER='dblog', MASTER_PASSWORD='dblog', MASTER_USE_GTID=slave_pos",
+            "START SLAVE",
+        )
+        yield primary, replica
+
+
+def promote(primary: MySQLServer, replica: MySQLServer, timeout_s: float) -> None:
+    """Once the replica has applied everything the primary logged, make it a primary."""
+    head = run_sql(primary, "SELECT @@gtid_binlog_pos")[0][0]
+    deadline = time.monotonic() + timeout_s
+    while run_sql(replica, "SELECT @@gtid_slave_pos")[0][0] != head:
+        assert time.monotonic() < deadline, "the replica did not catch up"
+        time.sleep(0.2)
+    run_sql(replica, "STOP SLAVE", "RESET SLAVE ALL")
 
 
 def _write_cnf(

@@ -246,6 +246,18 @@ class Servers:
                 self.cleanups.pop()()
 
 
+def run_sql(server: MySQLServer | PostgresServer, *statements: str) -> list[tuple[Any, ...]]:
+    """Run ``statements`` on a fresh autocommit connection; the rows of the last, if any."""
+    conn = server.connect()
+    try:
+        with conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+            return list(cur.fetchall()) if cur.description else []
+    finally:
+        conn.close()
+
+
 def _auth(user: str, password: str) -> str:
     return f"{quote(user, safe='')}:{quote(password, safe='')}"
 

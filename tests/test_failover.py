@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 from oracle import check_outputs
-from private_mariadb import private_mariadb
-from services import MySQLServer
+from private_mariadb import primary_and_replica, promote
+from services import MySQLServer, run_sql
 from stream_process import Stream, until, write_config
 from workload import Db, load, writers
 
@@ -38,17 +38,6 @@ def _db(server: MySQLServer) -> Db:
     return Db("mysql", server.url("shop"), "shop", lambda: server.connect("shop"))
 
 
-def _sql(server: MySQLServer, *statements: str) -> list[tuple[Any, ...]]:
-    conn = server.connect()
-    try:
-        with conn.cursor() as cur:
-            for statement in statements:
-                cur.execute(statement)
-            return list(cur.fetchall())
-    finally:
-        conn.close()
-
-
 def _committed(store: MetadataStore, stream: str) -> str:
     state = store.stream_state(stream)
     return (state.position or "") if state else ""
@@ -60,14 +49,8 @@ def test_a_promoted_replica_and_a_reset_binlog_lose_and_double_nothing(
     kafka_server: Any,
     stream_factory: Callable[[Path], Stream],
 ) -> None:
-    with private_mariadb(server_id=41) as primary, private_mariadb(server_id=42) as replica:
-        _sql(
-            replica,
-            f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={primary.port},"
-            " MASTER_USER='dblog', MASTER_PASSWORD='dblog', MASTER_USE_GTID=slave_pos",
-            "START SLAVE",
-        )
-        _sql(primary, "CREATE DATABASE shop")
+    with primary_and_replica(41, 42) as (primary, replica):
+        run_sql(primary, "CREATE DATABASE shop")
         old, new = _db(primary), _db(replica)
         load(old)
         config_path = write_config(
@@ -83,14 +66,9 @@ def test_a_promoted_replica_and_a_reset_binlog_lose_and_double_nothing(
             (dump,) = store.dumps(config.name)
             until("two chunks", lambda: store.progress(dump.id).chunks_done >= 2, 300, stream)
         stream.kill()
-        head = _sql(primary, "SELECT @@gtid_binlog_pos")[0][0]
-        deadline = time.monotonic() + 120
-        while _sql(replica, "SELECT @@gtid_slave_pos")[0][0] != head:
-            assert time.monotonic() < deadline, "the replica did not catch up"
-            time.sleep(0.5)
+        promote(primary, replica, timeout_s=120)
         with contextlib.suppress(Exception):  # the server closes the connection
-            _sql(primary, "SHUTDOWN")
-        _sql(replica, "STOP SLAVE", "RESET SLAVE ALL")
+            run_sql(primary, "SHUTDOWN")
         config_path.write_text(config_path.read_text().replace(old.url, new.url))
 
         stream.start()
@@ -104,12 +82,12 @@ def test_a_promoted_replica_and_a_reset_binlog_lose_and_double_nothing(
             assert dblog(["set", "-c", str(config_path), "--delay-ms", "0"]) == 0
             until("the dump", lambda: store.progress(dump.id).state == "done", 600, stream)
         # RESET MASTER discards what the stream has not read yet: an operator lets it catch up
-        file, pos = _sql(replica, "SHOW MASTER STATUS")[0][:2]
+        file, pos = run_sql(replica, "SHOW MASTER STATUS")[0][:2]
         head = str(Position.mysql(binlog_file_index(file), pos - 1, epoch=1))
         until("the stream to catch up", lambda: _committed(store, config.name) >= head, 120, stream)
         assert stream.stop() == 0
 
-        _sql(replica, "RESET MASTER")
+        run_sql(replica, "RESET MASTER")
         with writers(new, pause_s=0.05):
             time.sleep(3)
         stream.start()

@@ -1,13 +1,16 @@
-"""Handles on a per-test database of the shared servers, for the source and reader tests."""
+"""Handles on a per-test database of the shared servers, and helpers of the source and reader
+tests."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import psycopg2
 import pymysql
 
-from airflow_dblog.events import TableId
+from airflow_dblog.events import ChangeEvent, TableId
+from airflow_dblog.sources.base import ChangelogReader
 from airflow_dblog.sources.mysql import parse_mysql_url
 from airflow_dblog.sources.postgres import parse_postgres_url
 
@@ -82,3 +85,13 @@ class PostgresDb(_Db):
             return int(xid)
         finally:
             conn.close()
+
+
+def read_changes(reader: ChangelogReader, want: int, budget_s: float = 30.0) -> list[ChangeEvent]:
+    """Exactly ``want`` change events (watermarks and heartbeats dropped); fails after budget_s."""
+    got: list[ChangeEvent] = []
+    deadline = time.monotonic() + budget_s
+    while len(got) < want:
+        assert time.monotonic() < deadline, f"{len(got)} of {want} changes: {got}"
+        got += [i for i in reader.read(want - len(got), 1.0) if isinstance(i, ChangeEvent)]
+    return got

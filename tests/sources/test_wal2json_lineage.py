@@ -16,9 +16,11 @@ from typing import Any
 
 import pytest
 from private_postgres import PrivateCluster, primary_and_standby
+from services import run_sql
+from source_dbs import read_changes
 
 from airflow_dblog.errors import SourceError
-from airflow_dblog.events import ChangeEvent, TableId
+from airflow_dblog.events import TableId
 from airflow_dblog.sources.postgres import PostgresSource
 from airflow_dblog.sources.wal2json_reader import Wal2jsonReader
 
@@ -26,25 +28,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TABLE = TableId("public", "items")
 SLOT = "dblog_lineage"
-
-
-def _sql(cluster: PrivateCluster, *statements: str) -> None:
-    conn = cluster.server.connect()
-    try:
-        with conn.cursor() as cur:
-            for statement in statements:
-                cur.execute(statement)
-    finally:
-        conn.close()
-
-
-def _changes(reader: Wal2jsonReader, want: int, budget_s: float = 30.0) -> list[ChangeEvent]:
-    got: list[ChangeEvent] = []
-    deadline = time.monotonic() + budget_s
-    while len(got) < want:
-        assert time.monotonic() < deadline, f"{len(got)} of {want} changes: {got}"
-        got += [i for i in reader.read(want - len(got), 1.0) if isinstance(i, ChangeEvent)]
-    return got
 
 
 @pytest.fixture
@@ -82,19 +65,19 @@ def test_a_slot_created_after_a_promotion_is_refused_naming_the_full_dump(
     clusters: tuple[PrivateCluster, PrivateCluster],
 ) -> None:
     primary, standby = clusters
-    _sql(primary, "CREATE TABLE items (id int PRIMARY KEY, v int)")
+    run_sql(primary.server, "CREATE TABLE items (id int PRIMARY KEY, v int)")
     reader = _reader(primary)
-    _sql(primary, "INSERT INTO items VALUES (1, 0)")
-    assert [e.key for e in _changes(reader, 1)] == [(1,)]
+    run_sql(primary.server, "INSERT INTO items VALUES (1, 0)")
+    assert [e.key for e in read_changes(reader, 1)] == [(1,)]
     offset = reader.offset()
     assert offset["timeline"] == 1 and offset["system"]
     reader.close()
-    _sql(primary, "INSERT INTO items VALUES (2, 0)")  # in no slot on the standby
+    run_sql(primary.server, "INSERT INTO items VALUES (2, 0)")  # in no slot on the standby
     _caught_up(primary, standby)
     primary.stop()
     standby.promote()
     PostgresSource(standby.server.url()).create_replication_slot(SLOT, "wal2json")
-    _sql(standby, "INSERT INTO items VALUES (3, 0)")
+    run_sql(standby.server, "INSERT INTO items VALUES (3, 0)")
     with pytest.raises(SourceError) as err:
         _reader(standby, offset, create=False)
     message = str(err.value)
@@ -108,15 +91,15 @@ def test_the_same_slot_is_followed_across_a_new_timeline_and_another_cluster_is_
     """The promotion is simulated on the offset (timeline 0): PostgreSQL 15 cannot carry the
     slot over; what matters is that a slot holding everything after the offset is followed."""
     primary, _ = clusters
-    _sql(primary, "CREATE TABLE items (id int PRIMARY KEY, v int)")
+    run_sql(primary.server, "CREATE TABLE items (id int PRIMARY KEY, v int)")
     reader = _reader(primary)
-    _sql(primary, "INSERT INTO items VALUES (1, 0)")
-    _changes(reader, 1)
+    run_sql(primary.server, "INSERT INTO items VALUES (1, 0)")
+    read_changes(reader, 1)
     offset = reader.offset()
     reader.close()
-    _sql(primary, "INSERT INTO items VALUES (2, 0)")
+    run_sql(primary.server, "INSERT INTO items VALUES (2, 0)")
     follower = _reader(primary, {**offset, "timeline": 0})
-    assert [e.key for e in _changes(follower, 1)] == [(2,)]
+    assert [e.key for e in read_changes(follower, 1)] == [(2,)]
     assert follower.offset()["timeline"] == 1
     follower.close()
     with pytest.raises(SourceError, match=r"is another cluster \(system identifier 42 -> "):
