@@ -77,8 +77,7 @@ class Capture:
         state = store.stream_state(config.name)
         if resumed is None:
             resumed = bool(state and state.source_offset)
-        if hasattr(source, "lineage_epoch"):  # MySQL/MariaDB: see position.py
-            source.lineage_epoch = reader.lineage_epoch
+        source.lineage_epoch = reader.lineage_epoch  # its positions follow the reader's history
         strategy = watermark_strategy(config.source.watermark, source, config.name)
         if not (state and state.source_offset):
             # a restart before the first commit begins here, and dump bounds are read after it

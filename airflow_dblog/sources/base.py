@@ -44,6 +44,8 @@ class SnapshotChunk:
 
 class Source(Protocol):
     kind: str  # "mysql" | "postgres"
+    # the reader's lineage epoch, for the positions the source reads (position.py; 0 on PG)
+    lineage_epoch: int
 
     def describe(self, table: TableId) -> TableSchema:
         """Columns and primary key; InputError for an unknown table or one without a key."""

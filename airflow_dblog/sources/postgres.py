@@ -451,6 +451,7 @@ class PostgresSource:
     """``Source`` for PostgreSQL 13+ through psycopg2 (``snapshot`` watermarks need 13+)."""
 
     kind = "postgres"
+    lineage_epoch = 0  # LSNs go on across a promotion: no epoch
 
     def __init__(self, url: str | ConnectionSettings, *, connect_timeout: float = 10.0) -> None:
         self.settings = url if isinstance(url, ConnectionSettings) else parse_postgres_url(url)
