@@ -23,14 +23,15 @@ they resume exactly after the last returned item, even in the middle of a multi-
 multi-statement transaction.
 
 Lineage
-    ``server`` names the server the offset belongs to and ``gtid`` (MariaDB) its GTID position
-    there. A reader started on another server (the config points at a promoted replica) or on a
-    binlog that was reset (RESET MASTER: the offset's file is gone and only lower numbers exist,
-    or the file name was reused for other transactions) cannot use ``file``/``pos``: it resumes
-    by GTID on the new server, or from the start of the reset binlog (a warning names the dump
-    that recovers what the reset discarded), on the next lineage ``epoch``: every position of the
-    new history sorts after the old ones (``position.py``). Resuming by GTID is MariaDB's
-    protocol; MySQL's GTID sets are not followed across servers yet (a one-line error).
+    ``server`` names the server the offset belongs to and ``gtid`` the GTIDs committed before
+    ``file``/``pos`` there: MariaDB's GTID position (last GTID per domain), MySQL's executed GTID
+    set (null with gtid_mode OFF). A reader started on another server (the config points at a
+    promoted replica) or on a binlog that was reset (RESET MASTER: the offset's file is gone
+    and only lower numbers exist, the file name was reused for other transactions, or the
+    server's GTIDs went back) cannot use ``file``/``pos``: it resumes by GTID on the new server
+    (auto-positioning, both flavours), or from the start of the reset binlog (a warning names the
+    dump that recovers what the reset discarded), on the next lineage ``epoch``: every position
+    of the new history sorts after the old ones (``position.py``).
 
 Idleness
     ``read`` returns what it has as soon as the server has sent nothing more; the server sends
@@ -95,6 +96,7 @@ from pymysqlreplication.row_event import (
 
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.events import ChangeEvent, Heartbeat, LogItem, Row, TableId, WatermarkEvent
+from airflow_dblog.gtid import GtidSet, MysqlGtidSet
 from airflow_dblog.position import Position, binlog_file_index
 from airflow_dblog.sources.base import Offset
 from airflow_dblog.sources.mysql import (
@@ -167,8 +169,13 @@ def _gtid_domains(text: str | None) -> dict[str, str]:
 
 
 def _reset_since(read: Iterable[str | None], head: str) -> bool:
-    """A GTID the stream read has a higher sequence number than the server's last one of that
-    domain: sequence numbers only grow, unless the binlog was reset (RESET MASTER) since."""
+    """A GTID the stream read is not among the server's executed ones: MariaDB's sequence
+    numbers only grow within a domain and MySQL's executed set only grows, unless the binlog
+    was reset (RESET MASTER) since."""
+    texts = [text for text in read if text]
+    if any(":" in text for text in texts):  # MySQL: uuid:N sets
+        executed = MysqlGtidSet.parse(head)
+        return not all(MysqlGtidSet.parse(text) <= executed for text in texts)
     last = {d: int(g.rsplit("-", 1)[1]) for d, g in _gtid_domains(head).items()}
     return any(
         last.get(domain, 0) < int(gtid.rsplit("-", 1)[1])
@@ -390,9 +397,14 @@ class BinlogReader:
             raise
         start_file, start_pos, after = start.file, start.pos, start.after
         self.lineage_epoch = self.source.lineage_epoch = start.epoch
-        # MariaDB: the last committed GTID per domain (the GTID position of _last_end)
-        self._gtids = _gtid_domains(start.gtid)
+        self._mariadb = self.source.flavor == "mariadb"
+        # the GTIDs committed before _last_end, as text (the offset's "gtid"), and kept as
+        # MariaDB's last GTID per domain or MySQL's executed set (None: gtid_mode OFF)
         self._gtid_pos = start.gtid
+        self._gtids = _gtid_domains(start.gtid) if self._mariadb else {}
+        self._gtid_set: GtidSet | None = (
+            None if self._mariadb or not start.gtid else MysqlGtidSet.parse(start.gtid)
+        )
         # resume point of the last returned item (what offset() reports)
         self._ret = _Mark(start_file, start_pos, start.gtid, start.trx_gtid)  # type: ignore[arg-type]
         self._ret_after, self._ret_trx_items = after, start.trx_items
@@ -407,8 +419,7 @@ class BinlogReader:
         self._in_trx = False
         self._trx_start = (start_file, start_pos)
         self._last_end = (start_file, start_pos)
-        self._gtid: str | None = None
-        self._mariadb_gtid: str | None = None
+        self._gtid: str | None = None  # of the transaction being read
         self._saw_begin = False
         self._implied_begin = False
         # (item, where a resumed reader starts, items of that transaction up to this one)
@@ -424,10 +435,10 @@ class BinlogReader:
     def _start(self, offset: Offset | None) -> _Resume:
         source = self.source
         if not offset:
-            # not SHOW MASTER STATUS: a transaction before it may not be visible yet, and a
-            # dump bound read later would then miss a row the log never shows either
-            file, pos = source.visible_status()
-            return _Resume(file, pos, None, source.gtid_at(file, pos), 0)
+            # MariaDB: not SHOW MASTER STATUS: a transaction before it may not be visible yet,
+            # and a dump bound read later would then miss a row the log never shows either
+            file, pos, gtid = source.start_point()
+            return _Resume(file, pos, None, gtid, 0)
         try:
             file = None if offset.get("file") is None else str(offset["file"])
             pos = int(offset.get("pos") or 0)
@@ -450,11 +461,22 @@ class BinlogReader:
         if file is None:  # resumed by GTID here, nothing committed since
             return _Resume(None, 0, after, gtid, epoch, returned)
         logs = source.binary_logs()
-        here = source.gtid_at(file, pos) if file in logs else None  # None: not an event start
         trx_gtid = offset.get("trx_gtid")
-        if not gtid:  # MySQL, or an offset of an older version
+        mariadb = source.flavor == "mariadb"
+        here = source.gtid_at(file, pos) if mariadb and file in logs else None
+        if not gtid:  # gtid_mode OFF, or an offset of an older version
             if file in logs:
                 return _Resume(file, pos, after, here, epoch, returned, trx_gtid)
+        elif not mariadb:  # MySQL: the set only grows, unless the binlog was reset
+            # (a reset followed by more transactions than the stream had read passes this
+            # check: MySQL has no BINLOG_GTID_POS, and a SHOW BINLOG EVENTS scan of the file
+            # on every start would cost seconds per GB)
+            head = source.gtid_executed()
+            if _reset_since([gtid, trx_gtid], head):
+                why = f"the server's GTIDs are back at {head or 'none'}"
+                return self._reset(file, pos, logs, epoch, why)
+            if file in logs:
+                return _Resume(file, pos, after, gtid, epoch, returned, trx_gtid)
         elif here is not None and _same_history(gtid, here):
             head = source.gtid_executed()
             if not _reset_since([gtid, trx_gtid], head):
@@ -469,10 +491,11 @@ class BinlogReader:
     def _moved(self, server: str, gtid: str | None, epoch: int, returned: int) -> _Resume:
         """The config now points at another server (a promoted replica): resume by GTID."""
         where = self.settings.where
-        if not gtid or self.source.flavor != "mariadb":
+        if not gtid:
             raise SourceError(
                 f"{where} is another server (server {server} -> {self.identity}) and the stream"
-                " offset has no MariaDB GTID position to resume from there",
+                " offset has no GTIDs to resume from there (MySQL's gtid_mode was OFF, or the"
+                " offset is from an older version)",
                 "point source.url back at the server the stream followed, or start a new"
                 " stream (new name) and run a full dump (dblog dump --all)",
             )
@@ -524,7 +547,7 @@ class BinlogReader:
         watched = {*self.tables, *self._watermark_tables()}
         schemas, names = {t.db for t in watched}, {t.table for t in watched}
         self._codecs.clear()
-        by_gtid = file is None  # MariaDB's GTID protocol; else file/position on both flavours
+        by_gtid = file is None  # GTID auto-positioning; else file/position on both flavours
         return _StreamReader(
             connection_settings=settings,
             server_id=self.server_id,
@@ -550,7 +573,7 @@ class BinlogReader:
             only_schemas=sorted(schemas),
             only_tables=sorted(names),
             slave_heartbeat=self.heartbeat_s,
-            is_mariadb=by_gtid,
+            is_mariadb=by_gtid and self._mariadb,
             enable_logging=False,
         )
 
@@ -686,7 +709,7 @@ class BinlogReader:
         if self._ret_after is not None and position < self._ret_after:
             position = self._ret_after
         file, pos = self._trx_start if self._in_trx else self._last_end
-        trx_gtid = self._mariadb_gtid if self._in_trx else None
+        trx_gtid = self._gtid if self._in_trx else None
         self._ret = _Mark(file, pos, self._gtid_pos, trx_gtid)
         self._ret_after = position
         self._ret_trx_items = self._trx_items if self._in_trx else 0
@@ -714,7 +737,6 @@ class BinlogReader:
         elif isinstance(event, (GtidEvent, MariadbGtidEvent)):
             self._begin(event, end)
             self._gtid = event.gtid
-            self._mariadb_gtid = event.gtid if isinstance(event, MariadbGtidEvent) else None
             # MariaDB: a GTID event without FL_STANDALONE stands for BEGIN (no query event)
             self._implied_begin = isinstance(event, MariadbGtidEvent) and not (
                 event.flags & _MARIADB_FL_STANDALONE
@@ -739,14 +761,18 @@ class BinlogReader:
         self._trx_start = (self._file, end - int(event.packet.event_size))
 
     def _commit(self, end: int) -> None:
+        gtid, self._gtid = self._gtid, None
         self._in_trx = False
-        self._gtid = None
         self._last_end = (self._file, end)
         self._skip_items = 0  # only the first transaction after a resume by GTID
-        if self._mariadb_gtid is not None:
-            self._gtids[self._mariadb_gtid.split("-", 1)[0]] = self._mariadb_gtid
+        if gtid is None:
+            return
+        if self._mariadb:
+            self._gtids[gtid.split("-", 1)[0]] = gtid
             self._gtid_pos = _gtid_text(self._gtids)
-            self._mariadb_gtid = None
+        elif self._gtid_set is not None:
+            self._gtid_set = self._gtid_set.add(gtid)
+            self._gtid_pos = str(self._gtid_set)
 
     def _query(self, event: QueryEvent, end: int) -> None:
         text = " ".join(event.query.split()[:3]).upper()
@@ -871,7 +897,7 @@ class BinlogReader:
         if codec is None:
             return
         file, pos = self._trx_start if self._in_trx else self._last_end
-        mark = _Mark(file, pos, self._gtid_pos, self._mariadb_gtid)
+        mark = _Mark(file, pos, self._gtid_pos, self._gtid)
         fi = self._file_index
         skip = self._skip
         if skip is not None and (fi, end) > skip.coords[:2]:

@@ -33,6 +33,7 @@ import pymysql.cursors
 
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.events import Row, TableId
+from airflow_dblog.gtid import GtidSet, parse_gtid_set
 from airflow_dblog.keys import MAX_KEYS_PER_CHUNK, check_arity, key_in_order
 from airflow_dblog.position import Position, binlog_file_index
 from airflow_dblog.redact import redact
@@ -206,6 +207,24 @@ def validate_binlog_variables(variables: Mapping[str, Any]) -> None:
 
 # --------------------------------------------------------------------------------------------
 # table descriptions
+
+
+def mysql_gtids_before(events: Sequence[Sequence[Any]], offset: int) -> str | None:
+    """The MySQL GTID set committed before ``offset`` (a transaction boundary) of one binlog
+    file, from its ``SHOW BINLOG EVENTS`` rows (Log_name, Pos, Event_type, Server_id,
+    End_log_pos, Info): the file's ``Previous_gtids`` plus every ``Gtid`` event that starts
+    before the offset. None when the file has no ``Previous_gtids`` (not a MySQL binlog)."""
+    executed: GtidSet | None = None
+    for _, pos, kind, _, _, info in events:
+        if kind == "Previous_gtids":  # second in the file: the GTIDs of the files before
+            executed = parse_gtid_set("".join(str(info or "").split()), "mysql")
+        elif executed is None:
+            continue  # the file's format description
+        elif int(pos) >= offset:
+            break
+        elif kind in ("Gtid", "Gtid_tagged"):
+            executed = executed.add(str(info).split("'")[1])  # SET @@SESSION.GTID_NEXT= '...'
+    return None if executed is None else str(executed)
 
 
 @dataclass(frozen=True)
@@ -576,7 +595,24 @@ class MysqlSource:
 
     def master_status(self) -> tuple[str, int]:
         """(binlog file, end offset) of the last event written: ``SHOW MASTER STATUS``."""
+        row = self._status_row()
+        return str(row[0]), int(row[1])
 
+    def start_point(self) -> tuple[str, int, str | None]:
+        """Where a new stream starts, and the GTIDs committed before it.
+
+        MariaDB: the consistent-snapshot position (:meth:`visible_status`) and its GTID
+        position. MySQL: one ``SHOW MASTER STATUS`` row, whose ``Executed_Gtid_Set`` belongs to
+        exactly that position (None with ``gtid_mode=OFF``).
+        """
+        if self.flavor == "mariadb":
+            file, pos = self.visible_status()
+            return file, pos, self.gtid_at(file, pos)
+        row = self._status_row()
+        executed = "".join(str(row[4] or "").split()) if len(row) > 4 else ""
+        return str(row[0]), int(row[1]), executed or None
+
+    def _status_row(self) -> tuple[Any, ...]:
         def work(cur: pymysql.cursors.Cursor) -> Any:
             if self._status_sql is None:  # MySQL 8.4 renamed it; older servers know only this
                 try:
@@ -594,7 +630,7 @@ class MysqlSource:
                 f"binary logging is off on MySQL at {self.where} (SHOW MASTER STATUS is empty)",
                 "start the server with log_bin and binlog_format=ROW",
             )
-        return str(row[0]), int(row[1])
+        return tuple(row)
 
     def binlog_position(self) -> Position:
         """The end of the binlog now, as a Position after every row logged so far."""
@@ -612,12 +648,20 @@ class MysqlSource:
         return "/".join(v for v in (found.get("server_id"), found.get("server_uuid")) if v)
 
     def gtid_at(self, file: str, offset: int) -> str | None:
-        """MariaDB: the GTID position of a binlog offset (``BINLOG_GTID_POS``); None elsewhere
-        or when the server does not know the offset."""
-        if self.flavor != "mariadb":
-            return None
-        value = self.query("SELECT BINLOG_GTID_POS(%s, %s)", (file, offset))[0][0]
-        return None if value is None else "".join(str(value).split())
+        """The GTIDs committed before a transaction boundary of the binlog, None when the
+        server does not know the offset. MariaDB: its GTID position (``BINLOG_GTID_POS``).
+        MySQL: the file's ``Previous_gtids`` plus the transactions before the offset, read with
+        ``SHOW BINLOG EVENTS`` (a scan of the file up to the offset: used on a reset binlog's
+        first file, at its start)."""
+        if self.flavor == "mariadb":
+            value = self.query("SELECT BINLOG_GTID_POS(%s, %s)", (file, offset))[0][0]
+            return None if value is None else "".join(str(value).split())
+        events: list[tuple[Any, ...]] = []
+        while True:
+            page = self.query(f"SHOW BINLOG EVENTS IN %s LIMIT {len(events)}, 1000", (file,))
+            events.extend(page)
+            if len(page) < 1000 or int(page[-1][1]) >= max(offset, 200):
+                return mysql_gtids_before(events, offset)
 
     def binary_logs(self) -> list[str]:
         """Binlog files the server still has (``SHOW BINARY LOGS``)."""

@@ -1,16 +1,25 @@
 """MySQL source pieces that need no server: URL parsing, quoting, keyset SQL, key coercion,
-binlog variable validation, offsets."""
+binlog variable validation, offsets, and MySQL's GTID-set resume (MySQL is not installable here:
+the reader runs on pymysqlreplication's own event classes, filled in by hand)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import decimal
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from pymysqlreplication.event import GtidEvent, HeartbeatLogEvent, RotateEvent, XidEvent
+from pymysqlreplication.row_event import WriteRowsEvent
 
 from airflow_dblog.errors import SourceError
+from airflow_dblog.events import ChangeEvent, TableId
 from airflow_dblog.position import Position
+from airflow_dblog.sources import binlog_reader
 from airflow_dblog.sources.binlog_reader import (
+    BinlogReader,
     _enum_values,
     _reset_since,
     _same_history,
@@ -22,10 +31,14 @@ from airflow_dblog.sources.mysql import (
     _keyset_upto,
     coerce_value,
     connect,
+    mysql_gtids_before,
     parse_mysql_url,
     quote_ident,
     validate_binlog_variables,
 )
+
+A = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
+B = "4f22ab58-82db-22f2-af44-d91bba53a673"
 
 
 def col(data_type: str, column_type: str | None = None, **kw: object) -> ColumnInfo:
@@ -212,9 +225,181 @@ def test_same_history_compares_every_domain_the_stream_saw(
         (["0-1-500"], "0-1-3", True),  # numbered from 1 again
         (["0-1-500"], "", True),
         (["0-1-500"], "0-2-600", False),  # a failover inside the domain: numbers go on
+        ([f"{A}:1-500", f"{A}:501"], f"{A}:1-900,{B}:1-3", False),  # MySQL: sets
+        ([f"{A}:1-500", None], f"{A}:1-500", False),
+        ([f"{A}:1-500", f"{A}:501"], f"{A}:1-500", True),
+        ([f"{A}:1-500"], f"{A}:1-3", True),  # RESET MASTER, then three transactions
+        ([f"{A}:1-500"], "", True),
     ],
 )
 def test_reset_since_means_a_sequence_number_went_back(
     read: list[str | None], head: str, reset: bool
 ) -> None:
     assert _reset_since(read, head) is reset
+
+
+def test_the_gtid_set_at_a_mysql_binlog_offset_is_previous_gtids_plus_the_transactions_before() -> (
+    None
+):
+    def gtid(pos: int, n: int) -> tuple[Any, ...]:
+        return ("binlog.000002", pos, "Gtid", 1, pos + 79, f"SET @@SESSION.GTID_NEXT= '{A}:{n}'")
+
+    events = [
+        ("binlog.000002", 4, "Format_desc", 1, 126, "Server ver: 8.4.3, Binlog ver: 4"),
+        ("binlog.000002", 126, "Previous_gtids", 1, 197, f"{A}:1-7,\n{B}:1-2"),
+        gtid(197, 8),
+        ("binlog.000002", 276, "Query", 1, 351, "BEGIN"),
+        ("binlog.000002", 351, "Xid", 1, 382, "COMMIT /* xid=9 */"),
+        gtid(382, 9),
+    ]
+    assert mysql_gtids_before(events, 4) == f"{A}:1-7,{B}:1-2"
+    assert mysql_gtids_before(events, 382) == f"{A}:1-8,{B}:1-2"
+    assert mysql_gtids_before(events, 10_000) == f"{A}:1-9,{B}:1-2"
+    assert mysql_gtids_before(events[:1], 4) is None  # no Previous_gtids: not a MySQL binlog
+
+
+class Mysql8:
+    """What the reader asks a MySQL 8 server with gtid_mode=ON, answered from its fields."""
+
+    flavor = "mysql"
+    lineage_epoch = 0
+
+    def __init__(self) -> None:
+        self.server = f"1/{A}"
+        self.logs = ["binlog.000001", "binlog.000002"]
+        self.status = ("binlog.000002", 900)
+        self.executed = f"{A}:1-100"
+        self.previous = ""  # Previous_gtids of the first binlog (gtid_at(logs[0], 4))
+
+    def check_binlog(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def forget(self, table: TableId) -> None: ...
+
+    def identity(self) -> str:
+        return self.server
+
+    def start_point(self) -> tuple[str, int, str]:
+        return (*self.status, self.executed)
+
+    def binary_logs(self) -> list[str]:
+        return self.logs
+
+    def gtid_executed(self) -> str:
+        return self.executed
+
+    def gtid_at(self, file: str, offset: int) -> str:
+        assert (file, offset) == (self.logs[0], 4)
+        return self.previous
+
+
+TABLE = TableId("shop", "orders")
+
+
+def _packet(end: int, size: int = 31) -> SimpleNamespace:
+    return SimpleNamespace(log_pos=end, event_size=size)
+
+
+def _event(cls: type, end: int, **fields: Any) -> Any:
+    event = cls.__new__(cls)
+    event.packet = _packet(end)
+    event.__dict__.update(fields)
+    return event
+
+
+def _trx(gtid: str, start: int, ids: list[int]) -> list[Any]:
+    """One transaction: its GTID event, one row event inserting ``ids``, its XID event."""
+    uuid, gno = gtid.split(":")
+    begin = _event(GtidEvent, start + 79, sid=bytes.fromhex(uuid.replace("-", "")), gno=int(gno))
+    begin.packet = _packet(start + 79, 79)
+    rows = _event(WriteRowsEvent, start + 200, table_id=5, timestamp=1_700_000_000)
+    rows._RowsEvent__rows = [{"values": {"id": i}} for i in ids]
+    return [begin, rows, _event(XidEvent, start + 231)]
+
+
+def _reader(monkeypatch: pytest.MonkeyPatch, server: Mysql8, offset: Any = None) -> BinlogReader:
+    monkeypatch.setattr(binlog_reader, "MysqlSource", lambda settings: server)
+    return BinlogReader("mysql://u:p@127.0.0.1:3306/shop", [], offset=offset, server_id=7)
+
+
+def _read(reader: BinlogReader, events: list[Any], max_items: int) -> list[Any]:
+    """``reader.read`` over ``events`` (then the server is idle), as the stream would call it."""
+    feed: Iterator[Any] = iter(events)
+    idle = _event(HeartbeatLogEvent, 0)
+    reader._fetch = lambda: next(feed, idle)  # type: ignore[method-assign]
+    reader._codecs[5] = binlog_reader._TableCodec(TABLE, ("id",), [], watermark=False)
+    return reader.read(max_items, 0.5)
+
+
+def test_a_mysql_stream_resumes_on_a_promoted_replica_by_its_gtid_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The offset carries the executed GTID set at its resume point (SHOW MASTER STATUS's at
+    the start, plus each committed transaction); pointed at another server, the reader asks it
+    for every transaction outside that set (COM_BINLOG_DUMP_GTID) on the next lineage epoch and
+    skips the items of the first one it had already returned."""
+    primary = Mysql8()
+    reader = _reader(monkeypatch, primary)
+    items = _read(reader, [*_trx(f"{A}:101", 900, [1]), *_trx(f"{A}:102", 1131, [2, 3])], 2)
+    assert [i.key for i in items] == [(1,), (2,)]
+    offset = reader.offset()
+    assert offset == {
+        "file": "binlog.000002",
+        "pos": 1131,  # the start of A:102, of which one item was returned
+        "after": str(items[-1].position),
+        "server": f"1/{A}",
+        "gtid": f"{A}:1-101",
+        "trx_gtid": f"{A}:102",
+        "trx_items": 1,
+        "epoch": 0,
+    }
+
+    replica = Mysql8()
+    replica.server, replica.executed = f"2/{B}", f"{A}:1-102,{B}:1"
+    resumed = _reader(monkeypatch, replica, offset)
+    assert resumed.lineage_epoch == 1
+    stream = binlog_reader.BinlogReader._open(resumed)
+    assert (stream.auto_position, stream.is_mariadb) == (f"{A}:1-101", False)
+    rotate = _event(RotateEvent, 0, next_binlog="binlog.000007", position=4)
+    # what the new primary has outside the set: the rest of A:102, then its own first write
+    items = _read(resumed, [rotate, *_trx(f"{A}:102", 300, [2, 3]), *_trx(f"{B}:1", 531, [4])], 9)
+    assert [(i.key, i.gtid) for i in items] == [((3,), f"{A}:102"), ((4,), f"{B}:1")]
+    assert all(isinstance(i, ChangeEvent) and i.position.epoch == 1 for i in items)
+    assert resumed.offset() | {"after": None} == {
+        "file": "binlog.000007",
+        "pos": 531,
+        "after": None,
+        "server": f"2/{B}",
+        "gtid": f"{A}:1-102",
+        "trx_gtid": f"{B}:1",
+        "trx_items": 1,
+        "epoch": 1,
+    }
+
+
+def test_a_mysql_binlog_reset_since_the_offset_restarts_from_its_first_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RESET MASTER on the same server: its executed set no longer holds the offset's."""
+    offset = {"file": "binlog.000002", "pos": 1131, "gtid": f"{A}:1-101", "server": f"1/{A}"}
+    server = Mysql8()
+    server.logs, server.executed = ["binlog.000001"], f"{A}:1-3"
+    reader = _reader(monkeypatch, server, offset)
+    assert (reader.lineage_epoch, reader.offset()["file"], reader.offset()["pos"]) == (
+        1,
+        "binlog.000001",
+        4,
+    )
+    server.logs, server.executed = Mysql8().logs, f"{A}:1-120"  # not reset: resumes there
+    assert _reader(monkeypatch, server, offset).offset()["pos"] == 1131
+
+
+def test_a_mysql_offset_without_gtids_cannot_move_to_another_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = Mysql8()
+    server.server = f"2/{B}"
+    offset = {"file": "binlog.000002", "pos": 1131, "gtid": None, "server": f"1/{A}"}
+    with pytest.raises(SourceError, match=r"another server.*no GTIDs.*gtid_mode was OFF"):
+        _reader(monkeypatch, server, offset)
