@@ -13,10 +13,10 @@ import sys
 from collections.abc import Callable, Sequence
 
 from airflow_dblog.config import Config, load_config
+from airflow_dblog.core.events import TableId
+from airflow_dblog.core.keys import parse_keys
+from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.errors import ConfigError, DblogError, InputError
-from airflow_dblog.events import TableId
-from airflow_dblog.keys import parse_keys
-from airflow_dblog.metadata import MetadataStore
 from airflow_dblog.redact import redact
 
 Handler = Callable[[argparse.Namespace], int]
@@ -117,7 +117,7 @@ def _stream(args: argparse.Namespace) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    from airflow_dblog.stream_job import run_stream  # imports pyspark: only when streaming
+    from airflow_dblog.spark.stream_job import run_stream  # imports pyspark: only when streaming
 
     return run_stream(config)
 
@@ -126,7 +126,7 @@ def _dump(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if args.pk and (not args.table or len(args.table) != 1):
         raise InputError("--pk needs exactly one --table", "name the table the keys belong to")
-    from airflow_dblog.planner import plan_dump  # talks to the source database
+    from airflow_dblog.engine.planner import plan_dump  # talks to the source database
 
     store = MetadataStore(config.metadata_url)
     keys = [key for text in args.pk or [] for key in parse_keys(text)]
@@ -198,7 +198,7 @@ def _optimize(args: argparse.Namespace) -> int:
 
     from airflow_dblog.sinks.delta_sink import optimize, table_path
     from airflow_dblog.sources import open_source
-    from airflow_dblog.spark_env import build_spark_session
+    from airflow_dblog.spark.session import build_spark_session
 
     source = open_source(config)
     try:

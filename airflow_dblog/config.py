@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
+from airflow_dblog.core.events import TableId
 from airflow_dblog.errors import ConfigError
-from airflow_dblog.events import TableId
 
 SOURCE_TYPES = ("mysql", "postgres")
 WATERMARKS = ("table", "gtid", "snapshot")

@@ -27,8 +27,8 @@ import pymysql
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
-from airflow_dblog.metadata import MetadataStore
-from airflow_dblog.progress import progress_line
+from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.progress import progress_line
 
 DB = "dblog_demo"
 CUSTOMERS, ORDERS = 2_000, 10_000
@@ -193,7 +193,7 @@ def stop_stream(stream: subprocess.Popen[bytes]) -> None:
 
 def wait_until_equal(url: str, delta_path: str, timeout_s: float = 120) -> list[str]:
     """:func:`compare` until every table is equal or ``timeout_s`` passed: the last result."""
-    from airflow_dblog.spark_env import build_spark_session
+    from airflow_dblog.spark.session import build_spark_session
 
     spark = build_spark_session("dblog-demo-verify", "local[1]", {"spark.ui.enabled": False})
     spark.sparkContext.setLogLevel("ERROR")

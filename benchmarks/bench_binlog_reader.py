@@ -28,7 +28,7 @@ import pymysql
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import WriteRowsEvent
 
-from airflow_dblog.events import ChangeEvent, TableId
+from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.sources.binlog_reader import BinlogReader
 from airflow_dblog.sources.mysql import MysqlSource, parse_mysql_url
 

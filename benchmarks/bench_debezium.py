@@ -54,7 +54,7 @@ from bench_stream import plain_select_rows_per_s
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
-from airflow_dblog.metadata import MetadataStore
+from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.sources.mysql import parse_mysql_url
 
 PORT = int(os.environ.get("DBLOG_MYSQL_PORT", "3306"))

@@ -44,8 +44,8 @@ from pymysqlreplication.row_event import UpdateRowsEvent
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
-from airflow_dblog.metadata import MetadataStore
-from airflow_dblog.position import Position, binlog_file_index
+from airflow_dblog.core.position import Position, binlog_file_index
+from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.sources.mysql import MysqlSource, parse_mysql_url
 
 PORT = os.environ.get("DBLOG_MYSQL_PORT", "3306")

@@ -30,7 +30,7 @@ from typing import Any
 import psycopg2
 import psycopg2.extras
 
-from airflow_dblog.events import ChangeEvent, TableId
+from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.sources.postgres import SESSION_OPTIONS, PostgresSource, parse_postgres_url
 from airflow_dblog.sources.wal2json_reader import Wal2jsonReader
 

@@ -28,8 +28,8 @@ from bench_stream import rss_of_tree
 from airflow_dblog import demo
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
-from airflow_dblog.metadata import MetadataStore
-from airflow_dblog.position import Position, binlog_file_index
+from airflow_dblog.core.position import Position, binlog_file_index
+from airflow_dblog.engine.metadata import MetadataStore
 
 
 class LagProbe(threading.Thread):

@@ -7,10 +7,10 @@ Bad input fails the first task with a one-line message and writes nothing.
 
 from __future__ import annotations
 
-from airflow_dblog.compat import DAG, Param
-from airflow_dblog.example_dags import captured_tables, config_path
-from airflow_dblog.operators.dblog import DblogBackfillOperator
-from airflow_dblog.sensors.dblog import DblogDumpSensor
+from airflow_dblog.provider.compat import DAG, Param
+from airflow_dblog.provider.example_dags import captured_tables, config_path
+from airflow_dblog.provider.operators.dblog import DblogBackfillOperator
+from airflow_dblog.provider.sensors.dblog import DblogDumpSensor
 
 TABLES = captured_tables()
 table_param = (

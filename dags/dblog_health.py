@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow_dblog.compat import DAG, task
-from airflow_dblog.example_dags import config_path
+from airflow_dblog.provider.compat import DAG, task
+from airflow_dblog.provider.example_dags import config_path
 
 MAX_LAG_S = 300
 
@@ -13,7 +13,7 @@ MAX_LAG_S = 300
 @task
 def check_stream() -> float:
     from airflow_dblog.errors import DblogError
-    from airflow_dblog.hooks.dblog import DblogHook
+    from airflow_dblog.provider.hooks.dblog import DblogHook
 
     lag = DblogHook(config_path=config_path()).stream_lag_s()
     if lag is None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow_dblog.compat import DAG
-from airflow_dblog.example_dags import config_path
-from airflow_dblog.operators.dblog import DblogDumpOperator
-from airflow_dblog.sensors.dblog import DblogDumpSensor
+from airflow_dblog.provider.compat import DAG
+from airflow_dblog.provider.example_dags import config_path
+from airflow_dblog.provider.operators.dblog import DblogDumpOperator
+from airflow_dblog.provider.sensors.dblog import DblogDumpSensor
 
 with DAG(
     dag_id="dblog_scheduled_dump",

@@ -1,6 +1,6 @@
 """spark-submit entry point of the streaming job.
 
-    spark-submit --master <url> --jars "$(python -m airflow_dblog.spark_env)" \
+    spark-submit --master <url> --jars "$(python -m airflow_dblog.spark.session)" \
         spark_jobs/dblog_stream.py -c stream.yaml
 
 The master and resources come from spark-submit (the config's ``spark.master`` is ignored here;
@@ -18,7 +18,7 @@ import sys
 from airflow_dblog.config import load_config
 from airflow_dblog.errors import DblogError
 from airflow_dblog.redact import redact
-from airflow_dblog.stream_job import run_stream
+from airflow_dblog.spark.stream_job import run_stream
 
 
 def main(argv: list[str] | None = None) -> int:

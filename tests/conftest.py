@@ -13,7 +13,7 @@ scripts/services.sh, started on first use if they are down):
 - ``kafka_server``     -> services.KafkaServer: host, port, bootstrap_servers, config(**extra),
                           admin()
 - ``spark``            -> a local[2] SparkSession with Delta and the Kafka source
-                          (airflow_dblog.spark_env.build_spark_session)
+                          (airflow_dblog.spark.session.build_spark_session)
 
 Function-scoped isolation:
 
@@ -125,7 +125,7 @@ def stream_factory() -> Iterator[Callable[[Path], Stream]]:
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from airflow_dblog.spark_env import build_spark_session
+    from airflow_dblog.spark.session import build_spark_session
 
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
     session = build_spark_session(

@@ -30,7 +30,7 @@ from stream_process import Stream
 from workload import Db, insert_rows, key_of, source_rows
 
 from airflow_dblog.config import Config
-from airflow_dblog.events import TableId
+from airflow_dblog.core.events import TableId
 
 KEY = ("a", "b")
 SENTINEL = 999_999  # the ``a`` of the catch-up marker row (see settle); no load writes it

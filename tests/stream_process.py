@@ -119,7 +119,7 @@ class Stream:
         Not just its state row: a standby that just took the lease writes the row first.
         """
         from airflow_dblog.config import load_config
-        from airflow_dblog.metadata import MetadataStore
+        from airflow_dblog.engine.metadata import MetadataStore
 
         config = load_config(self.config_path)
         store = MetadataStore(config.metadata_url)

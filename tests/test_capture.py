@@ -19,19 +19,19 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from memory_sink import MemorySink
 from services import restart_local_service
 from workload import Db, db_for, execute, load, restricted_user, source_rows, writers
 
-from airflow_dblog.capture import Capture
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import Config, parse_config
+from airflow_dblog.core.events import TableId
+from airflow_dblog.core.keys import MAX_KEYS_PER_CHUNK
+from airflow_dblog.engine.capture import Capture
+from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.metadata.store import TablePlan
+from airflow_dblog.engine.planner import plan_dump
 from airflow_dblog.errors import DblogError, SourceError
-from airflow_dblog.events import TableId
-from airflow_dblog.keys import MAX_KEYS_PER_CHUNK
-from airflow_dblog.metadata import MetadataStore
-from airflow_dblog.metadata.store import TablePlan
-from airflow_dblog.planner import plan_dump
-from airflow_dblog.sinks.memory_sink import MemorySink
 from airflow_dblog.sources import open_reader, open_source
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -433,7 +433,7 @@ def test_a_chunk_straddling_an_alter_is_selected_again(
     else:
         ddl, columns = "DROP COLUMN note", ("a", "b", "v")
     _alter_after_first_select(monkeypatch, capture, db, f"ALTER TABLE {db.quoted()} {ddl}")
-    caplog.set_level(logging.INFO, logger="airflow_dblog.chunk_executor")
+    caplog.set_level(logging.INFO, logger="airflow_dblog.engine.chunk_executor")
     dump_id = plan_dump(config, store, requested_by="test")
     _run_until(capture, lambda: store.progress(dump_id).state == "done", 300)
     _drain(capture)

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from airflow_dblog.metadata import MetadataStore
-from airflow_dblog.metadata.store import TablePlan
+from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.metadata.store import TablePlan
 
 CONFIG = """
 name: inventory

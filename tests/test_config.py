@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from airflow_dblog.config import load_config, parse_config
+from airflow_dblog.core.events import TableId
 from airflow_dblog.errors import ConfigError
-from airflow_dblog.events import TableId
 
 VALID = """
 name: inventory

@@ -26,8 +26,8 @@ from workload import Db, load, writers
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
-from airflow_dblog.metadata import MetadataStore
-from airflow_dblog.position import Position, binlog_file_index
+from airflow_dblog.core.position import Position, binlog_file_index
+from airflow_dblog.engine.metadata import MetadataStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

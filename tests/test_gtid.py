@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_dblog.gtid import (
+from airflow_dblog.core.gtid import (
     MariadbGtidSet,
     MysqlGtidSet,
     parse_gtid_set,

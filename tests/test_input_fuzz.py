@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import Config, parse_config
+from airflow_dblog.core.keys import parse_keys
+from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.signals import Signal, SignalError, parse_signal
 from airflow_dblog.errors import DblogError
-from airflow_dblog.keys import parse_keys
-from airflow_dblog.metadata import MetadataStore
-from airflow_dblog.signals import Signal, SignalError, parse_signal
 
 # what people paste: quotes, semicolons, SQL, unicode, control characters, huge numbers
 NASTY = st.sampled_from(

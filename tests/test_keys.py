@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
+from airflow_dblog.core.keys import from_json, key_in_order, parse_keys, to_json
 from airflow_dblog.errors import InputError
-from airflow_dblog.keys import from_json, key_in_order, parse_keys, to_json
 
 
 @pytest.mark.parametrize(

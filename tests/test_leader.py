@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from airflow_dblog.config import HaConfig
+from airflow_dblog.engine.leader import LeaderLease
 from airflow_dblog.errors import DblogError, FencedError
-from airflow_dblog.leader import LeaderLease
 
 pytestmark = pytest.mark.integration
 

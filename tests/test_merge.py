@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from airflow_dblog.events import ChangeEvent, Heartbeat, TableId, WatermarkEvent
-from airflow_dblog.gtid import parse_gtid_set
-from airflow_dblog.merge import (
+from airflow_dblog.core.events import ChangeEvent, Heartbeat, TableId, WatermarkEvent
+from airflow_dblog.core.gtid import parse_gtid_set
+from airflow_dblog.core.merge import (
     ChunkRows,
     ChunkSpec,
     ClosedChunk,
@@ -20,8 +20,8 @@ from airflow_dblog.merge import (
     encode_value,
     merge,
 )
-from airflow_dblog.position import Position
-from airflow_dblog.window import (
+from airflow_dblog.core.position import Position
+from airflow_dblog.core.window import (
     GtidWindow,
     PositionWindow,
     SnapshotXidWindow,

@@ -60,11 +60,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings, target
 from hypothesis import strategies as st
 
-from airflow_dblog.events import ChangeEvent, Heartbeat, LogItem, TableId, WatermarkEvent
-from airflow_dblog.gtid import GtidSet, parse_gtid_set
-from airflow_dblog.merge import ClosedChunk, HistoryLost, Seen, WatermarkMerge
-from airflow_dblog.position import Position
-from airflow_dblog.window import (
+from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, TableId, WatermarkEvent
+from airflow_dblog.core.gtid import GtidSet, parse_gtid_set
+from airflow_dblog.core.merge import ClosedChunk, HistoryLost, Seen, WatermarkMerge
+from airflow_dblog.core.position import Position
+from airflow_dblog.core.window import (
     GtidWindow,
     PositionWindow,
     SnapshotXidWindow,

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from airflow_dblog.config import Config, parse_config
-from airflow_dblog.metadata import MetadataStore
-from airflow_dblog.signals import Signal, SignalChannel, SignalError, parse_signal
+from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.signals import Signal, SignalChannel, SignalError, parse_signal
 
 
 def _doc(kind: str, **data: Any) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_dblog.sink_progress import SinkProgress
+from airflow_dblog.engine.sink_progress import SinkProgress
 
 
 def _footers(*seqs: int) -> list[dict[str, Any]]:

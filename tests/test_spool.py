@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from airflow_dblog.core.events import ChangeEvent, TableId
+from airflow_dblog.core.position import Position
+from airflow_dblog.engine.spool import Spool, dump_bounds, is_footer, plain_value
 from airflow_dblog.errors import DblogError
-from airflow_dblog.events import ChangeEvent, TableId
-from airflow_dblog.position import Position
-from airflow_dblog.spool import Spool, dump_bounds, is_footer, plain_value
 
 TABLE = TableId("db", "t")
 
@@ -108,7 +108,7 @@ def test_a_backlog_is_read_in_bites_of_bounded_size(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("pyspark")
-    from airflow_dblog import changelog_source
+    from airflow_dblog.spark import changelog_source
 
     spool = Spool(tmp_path)
     for i in range(10):
@@ -128,7 +128,7 @@ def test_heartbeats_alone_wait_for_a_batch_until_they_are_old(
 ) -> None:
     """An idle log writes a segment a second; Delta pays a Spark batch for each otherwise."""
     pytest.importorskip("pyspark")
-    from airflow_dblog import changelog_source
+    from airflow_dblog.spark import changelog_source
 
     spool = Spool(tmp_path)
     spool.append([], {"closed": []})

@@ -37,8 +37,8 @@ from workload import VERSIONED_COLUMNS, Db, db_for, load_versioned, versioned_wr
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import Config, load_config
-from airflow_dblog.metadata import MetadataStore
-from airflow_dblog.metadata.store import utcnow
+from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.metadata.store import utcnow
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
 

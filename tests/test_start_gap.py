@@ -23,7 +23,7 @@ from workload import VERSIONED_COLUMNS, create_table, db_for, insert_rows, load_
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
-from airflow_dblog.metadata import MetadataStore
+from airflow_dblog.engine.metadata import MetadataStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -25,9 +25,9 @@ from workload import Db, db_for, load, source_rows, writers
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import Config, load_config
+from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.errors import MetadataError
-from airflow_dblog.metadata import MetadataStore
-from airflow_dblog.stream_job import BatchCommitter, _terminated
+from airflow_dblog.spark.stream_job import BatchCommitter, _terminated
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -34,8 +34,8 @@ from stream_process import Stream
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import Config, load_config
-from airflow_dblog.events import ChangeEvent, TableId
-from airflow_dblog.metadata import MetadataStore
+from airflow_dblog.core.events import ChangeEvent, TableId
+from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.sources.binlog_reader import BinlogReader
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

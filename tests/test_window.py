@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from airflow_dblog.events import ChangeEvent, Heartbeat, TableId, WatermarkEvent
-from airflow_dblog.position import Position
-from airflow_dblog.window import (
+from airflow_dblog.core.events import ChangeEvent, Heartbeat, TableId, WatermarkEvent
+from airflow_dblog.core.position import Position
+from airflow_dblog.core.window import (
     GtidWindow,
     PositionWindow,
     SnapshotXidWindow,

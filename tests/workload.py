@@ -28,7 +28,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 
-from airflow_dblog.events import TableId
+from airflow_dblog.core.events import TableId
 
 ROWS = 20_000
 KEY_SPACE = 24_000  # a > ROWS are free for inserts; deleted keys get reused

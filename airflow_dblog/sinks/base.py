@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from airflow_dblog.events import ChangeEvent
+from airflow_dblog.core.events import ChangeEvent
 
 
 class Sink(Protocol):

@@ -27,8 +27,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_dblog.config import DeltaSinkConfig
+from airflow_dblog.core.events import TableId
 from airflow_dblog.errors import DblogError, FencedError
-from airflow_dblog.events import TableId
 from airflow_dblog.sources.base import Column, TableSchema
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ a restarted job sends from the segment after it, so nothing is written twice.
 Messages are concatenated in Python on the driver from the spool's event text
 (:class:`MessageBuilder`), not built by Spark: a Spark batch costs a second or more of CPU
 however small, which made Kafka's latency and the job's throughput Spark's (see
-:mod:`~airflow_dblog.kafka_forwarder`).
+:mod:`~airflow_dblog.sinks.kafka_forwarder`).
 (A marker message, not a consumer-group offset via ``send_offsets_to_transaction``: librdkafka
 can block in that call past its timeout when the group coordinator restarts.)
 """
@@ -27,10 +27,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from airflow_dblog.config import KafkaSinkConfig
+from airflow_dblog.core.events import TableId
+from airflow_dblog.engine.spool import EventText
 from airflow_dblog.errors import DblogError
-from airflow_dblog.events import TableId
 from airflow_dblog.sources.base import TableSchema
-from airflow_dblog.spool import EventText
 
 log = logging.getLogger(__name__)
 

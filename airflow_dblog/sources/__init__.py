@@ -16,7 +16,7 @@ def source_url(config: Config) -> str:
     """The source URL; a bare name is an Airflow connection id, looked up only then."""
     if not config.source.is_airflow_conn:
         return config.source.url
-    from airflow_dblog.connections import url_from_airflow_connection
+    from airflow_dblog.provider.connections import url_from_airflow_connection
 
     return url_from_airflow_connection(config.source.url, config.source.type)
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from airflow_dblog.events import LogItem, Row, TableId
+from airflow_dblog.core.events import LogItem, Row, TableId
 
 Key = tuple[Any, ...]
 Offset = dict[str, Any]  # JSON-able resume token of a reader
@@ -39,7 +39,7 @@ class SnapshotChunk:
     """Rows read in a snapshot plus what the snapshot says about the log (``snapshot`` mode)."""
 
     rows: list[tuple[Key, Row]]
-    window: dict[str, Any]  # serialised window (see airflow_dblog.window)
+    window: dict[str, Any]  # serialised window (see airflow_dblog.core.window)
 
 
 class Source(Protocol):

@@ -94,10 +94,10 @@ from pymysqlreplication.row_event import (
     WriteRowsEvent,
 )
 
+from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, Row, TableId, WatermarkEvent
+from airflow_dblog.core.gtid import GtidSet, MysqlGtidSet
+from airflow_dblog.core.position import Position, binlog_file_index
 from airflow_dblog.errors import InputError, SourceError
-from airflow_dblog.events import ChangeEvent, Heartbeat, LogItem, Row, TableId, WatermarkEvent
-from airflow_dblog.gtid import GtidSet, MysqlGtidSet
-from airflow_dblog.position import Position, binlog_file_index
 from airflow_dblog.sources.base import Offset
 from airflow_dblog.sources.mysql import (
     END_OF_EVENT,

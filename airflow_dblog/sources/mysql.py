@@ -31,11 +31,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import pymysql
 import pymysql.cursors
 
+from airflow_dblog.core.events import Row, TableId
+from airflow_dblog.core.gtid import GtidSet, parse_gtid_set
+from airflow_dblog.core.keys import MAX_KEYS_PER_CHUNK, check_arity, key_in_order
+from airflow_dblog.core.position import Position, binlog_file_index
 from airflow_dblog.errors import InputError, SourceError
-from airflow_dblog.events import Row, TableId
-from airflow_dblog.gtid import GtidSet, parse_gtid_set
-from airflow_dblog.keys import MAX_KEYS_PER_CHUNK, check_arity, key_in_order
-from airflow_dblog.position import Position, binlog_file_index
 from airflow_dblog.redact import redact
 from airflow_dblog.sources.base import Column, Key, TableSchema
 

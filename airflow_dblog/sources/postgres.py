@@ -54,13 +54,13 @@ import psycopg2.errors
 import psycopg2.extensions
 from psycopg2 import sql
 
+from airflow_dblog.core.events import Row, TableId
+from airflow_dblog.core.keys import MAX_KEYS_PER_CHUNK, check_arity, key_in_order
+from airflow_dblog.core.position import Position, int_to_lsn, lsn_to_int
+from airflow_dblog.core.window import XidSnapshot
 from airflow_dblog.errors import InputError, SourceError
-from airflow_dblog.events import Row, TableId
-from airflow_dblog.keys import MAX_KEYS_PER_CHUNK, check_arity, key_in_order
-from airflow_dblog.position import Position, int_to_lsn, lsn_to_int
 from airflow_dblog.redact import redact
 from airflow_dblog.sources.base import Column, Key, TableSchema
-from airflow_dblog.window import XidSnapshot
 
 log = logging.getLogger(__name__)
 

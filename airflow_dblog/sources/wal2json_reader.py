@@ -77,9 +77,9 @@ import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
 
+from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, Row, TableId, WatermarkEvent
+from airflow_dblog.core.position import Position, int_to_lsn, lsn_to_int
 from airflow_dblog.errors import SourceError
-from airflow_dblog.events import ChangeEvent, Heartbeat, LogItem, Row, TableId, WatermarkEvent
-from airflow_dblog.position import Position, int_to_lsn, lsn_to_int
 from airflow_dblog.redact import redact
 from airflow_dblog.sources.base import Offset
 from airflow_dblog.sources.postgres import (

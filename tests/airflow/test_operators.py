@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 
 from airflow_dblog.errors import DblogError
-from airflow_dblog.hooks.dblog import DblogHook
-from airflow_dblog.operators.dblog import (
+from airflow_dblog.provider.hooks.dblog import DblogHook
+from airflow_dblog.provider.operators.dblog import (
     DblogBackfillOperator,
     DblogControlOperator,
     DblogDumpOperator,
     DblogSetOperator,
 )
-from airflow_dblog.sensors.dblog import DblogDumpSensor, DumpFailed
+from airflow_dblog.provider.sensors.dblog import DblogDumpSensor, DumpFailed
 
 
 @pytest.fixture()

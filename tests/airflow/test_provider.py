@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import entry_points
 
-from airflow_dblog import get_provider_info
+from airflow_dblog.provider import get_provider_info
 
 
 def test_entry_point_and_named_modules_import() -> None:

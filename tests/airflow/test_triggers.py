@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_dblog.metadata import MetadataStore
-from airflow_dblog.metadata.store import TablePlan
-from airflow_dblog.triggers.dblog import DblogDumpTrigger
+from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.metadata.store import TablePlan
+from airflow_dblog.provider.triggers.dblog import DblogDumpTrigger
 
 
 def _store(tmp_path: Path) -> tuple[str, MetadataStore, int]:
@@ -93,6 +93,6 @@ def test_fires_stalled_when_nothing_moves(tmp_path: Path) -> None:
 def test_serialize_round_trip(tmp_path: Path) -> None:
     trigger = DblogDumpTrigger("sqlite:///x.db", 7, poll_interval_s=1.5, stall_timeout_s=60)
     path, kwargs = trigger.serialize()
-    assert path == "airflow_dblog.triggers.dblog.DblogDumpTrigger"
+    assert path == "airflow_dblog.provider.triggers.dblog.DblogDumpTrigger"
     again = DblogDumpTrigger(**kwargs)
     assert again.serialize() == (path, kwargs)

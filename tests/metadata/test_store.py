@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from airflow_dblog.config import DumpSettings
+from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.metadata.store import Fence, TablePlan
 from airflow_dblog.errors import FencedError, MetadataError
-from airflow_dblog.metadata import MetadataStore
-from airflow_dblog.metadata.store import Fence, TablePlan
 
 
 @pytest.fixture(

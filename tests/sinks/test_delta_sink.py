@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from airflow_dblog.config import DeltaSinkConfig
+from airflow_dblog.core.events import ChangeEvent, TableId
+from airflow_dblog.core.position import Position
+from airflow_dblog.engine.spool import EventText
 from airflow_dblog.errors import DblogError, FencedError
-from airflow_dblog.events import ChangeEvent, TableId
-from airflow_dblog.position import Position
 from airflow_dblog.sinks.delta_sink import DeltaSink, optimize, spark_type
 from airflow_dblog.sources.base import Column, TableSchema
-from airflow_dblog.spool import EventText
-from airflow_dblog.stream_job import EVENT_DDL
+from airflow_dblog.spark.stream_job import EVENT_DDL
 
 pytestmark = pytest.mark.integration
 

@@ -12,14 +12,14 @@ import pytest
 from services import read_committed
 
 from airflow_dblog.config import KafkaSinkConfig
-from airflow_dblog.events import ChangeEvent, TableId
-from airflow_dblog.kafka_forwarder import KafkaForwarder
-from airflow_dblog.position import Position
-from airflow_dblog.sink_progress import SinkProgress
+from airflow_dblog.core.events import ChangeEvent, TableId
+from airflow_dblog.core.position import Position
+from airflow_dblog.engine.sink_progress import SinkProgress
+from airflow_dblog.engine.spool import EventText, Spool
+from airflow_dblog.sinks.kafka_forwarder import KafkaForwarder
 from airflow_dblog.sinks.kafka_sink import KafkaSink, MessageBuilder, topic_name
 from airflow_dblog.sources.base import Column, TableSchema
-from airflow_dblog.spool import EventText, Spool
-from airflow_dblog.stream_job import Worker
+from airflow_dblog.spark.stream_job import Worker
 
 TABLE = TableId("shop", "items")
 SCHEMA = TableSchema(

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg2
 import pymysql
 
-from airflow_dblog.events import ChangeEvent, TableId
+from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.sources.base import ChangelogReader
 from airflow_dblog.sources.mysql import parse_mysql_url
 from airflow_dblog.sources.postgres import parse_postgres_url

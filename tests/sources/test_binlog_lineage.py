@@ -16,8 +16,8 @@ from private_mariadb import primary_and_replica, private_mariadb, promote
 from services import MySQLServer, run_sql
 from source_dbs import read_changes
 
+from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.errors import SourceError
-from airflow_dblog.events import ChangeEvent, TableId
 from airflow_dblog.sources.binlog_reader import BinlogReader
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

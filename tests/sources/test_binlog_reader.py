@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from source_dbs import MysqlDb as Db
 
+from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, TableId, WatermarkEvent
+from airflow_dblog.core.position import Position
 from airflow_dblog.errors import InputError, SourceError
-from airflow_dblog.events import ChangeEvent, Heartbeat, LogItem, TableId, WatermarkEvent
-from airflow_dblog.position import Position
 from airflow_dblog.sources.binlog_reader import BinlogReader
 from airflow_dblog.sources.mysql import MysqlSource
 

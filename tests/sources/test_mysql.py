@@ -12,10 +12,10 @@ import pymysql
 import pytest
 from source_dbs import MysqlDb as Db
 
+from airflow_dblog.core.events import TableId
+from airflow_dblog.core.keys import from_json, to_json
+from airflow_dblog.core.position import Position
 from airflow_dblog.errors import InputError, SourceError
-from airflow_dblog.events import TableId
-from airflow_dblog.keys import from_json, to_json
-from airflow_dblog.position import Position
 from airflow_dblog.sources.mysql import (
     END_OF_EVENT,
     WATERMARK_TABLE_ID,

@@ -14,9 +14,9 @@ import pytest
 from pymysqlreplication.event import GtidEvent, HeartbeatLogEvent, RotateEvent, XidEvent
 from pymysqlreplication.row_event import WriteRowsEvent
 
+from airflow_dblog.core.events import ChangeEvent, TableId
+from airflow_dblog.core.position import Position
 from airflow_dblog.errors import SourceError
-from airflow_dblog.events import ChangeEvent, TableId
-from airflow_dblog.position import Position
 from airflow_dblog.sources import binlog_reader
 from airflow_dblog.sources.binlog_reader import (
     BinlogReader,

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from source_dbs import PostgresDb as Db
 
+from airflow_dblog.core.events import ChangeEvent, TableId
+from airflow_dblog.core.keys import from_json, to_json
+from airflow_dblog.core.position import Position
 from airflow_dblog.errors import InputError, SourceError
-from airflow_dblog.events import ChangeEvent, TableId
-from airflow_dblog.keys import from_json, to_json
-from airflow_dblog.position import Position
 from airflow_dblog.sources.postgres import (
     WATERMARK_TABLE_ID,
     ColumnInfo,

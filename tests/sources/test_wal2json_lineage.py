@@ -19,8 +19,8 @@ from private_postgres import PrivateCluster, primary_and_standby
 from services import run_sql
 from source_dbs import read_changes
 
+from airflow_dblog.core.events import TableId
 from airflow_dblog.errors import SourceError
-from airflow_dblog.events import TableId
 from airflow_dblog.sources.postgres import PostgresSource
 from airflow_dblog.sources.wal2json_reader import Wal2jsonReader
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from source_dbs import PostgresDb as Db
 
+from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, TableId, WatermarkEvent
+from airflow_dblog.core.position import Position, int_to_lsn, lsn_to_int
 from airflow_dblog.errors import InputError, SourceError
-from airflow_dblog.events import ChangeEvent, Heartbeat, LogItem, TableId, WatermarkEvent
-from airflow_dblog.position import Position, int_to_lsn, lsn_to_int
 from airflow_dblog.sources.postgres import PostgresSource
 from airflow_dblog.sources.wal2json_reader import (
     UNAVAILABLE,

@@ -1,5 +1,0 @@
-"""The metadata store: dump requests, chunk plans and progress, runtime controls, stream state."""
-
-from airflow_dblog.metadata.store import MetadataStore
-
-__all__ = ["MetadataStore"]

@@ -1,0 +1,113 @@
+"""Thin operators over DblogHook: plan dumps and backfills, control them, tune the stream."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_dblog.core.keys import parse_keys
+from airflow_dblog.errors import InputError
+from airflow_dblog.provider.compat import BaseOperator, Context
+from airflow_dblog.provider.hooks.dblog import DblogHook
+
+
+class _DblogOperator(BaseOperator):
+    def __init__(
+        self, *, dblog_conn_id: str = "dblog_default", config_path: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.dblog_conn_id, self.config_path = dblog_conn_id, config_path
+
+    @property
+    def hook(self) -> DblogHook:
+        return DblogHook(self.dblog_conn_id, self.config_path)
+
+
+class DblogDumpOperator(_DblogOperator):
+    """Plan a dump of all tables (``tables=None``) or of some; returns the dump id (XCom)."""
+
+    template_fields: Sequence[str] = ("tables", "config_path")
+
+    def __init__(self, *, tables: Sequence[str] | str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.tables = tables
+
+    def execute(self, context: Context) -> int:
+        tables = [self.tables] if isinstance(self.tables, str) else self.tables
+        dump_id = self.hook.plan_dump(tables, None, requested_by=_who(context))
+        self.log.info("planned dump %s of %s", dump_id, ", ".join(tables or ["all tables"]))
+        return dump_id
+
+
+class DblogBackfillOperator(_DblogOperator):
+    """Plan a dump of specific primary keys of one table; returns the dump id (XCom).
+
+    ``keys`` is a list of keys, or text with one key per line: a bare value for one-column
+    keys, JSON (a list in key order or an object by column) for composite keys.
+    """
+
+    template_fields: Sequence[str] = ("table", "keys", "config_path")
+
+    def __init__(self, *, table: str, keys: Sequence[Any] | str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.table, self.keys = table, keys
+
+    def execute(self, context: Context) -> int:
+        keys = parse_keys(self.keys) if isinstance(self.keys, str) else list(self.keys)
+        if not keys:
+            raise InputError("no primary keys given", "enter at least one key, one per line")
+        dump_id = self.hook.plan_dump([self.table], keys, requested_by=_who(context))
+        self.log.info("planned backfill dump %s: %d keys of %s", dump_id, len(keys), self.table)
+        return dump_id
+
+
+class DblogControlOperator(_DblogOperator):
+    """pause, resume or cancel a dump."""
+
+    template_fields: Sequence[str] = ("dump_id", "action", "config_path")
+
+    def __init__(self, *, dump_id: int | str, action: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if action not in ("pause", "resume", "cancel"):
+            raise ValueError(f"action must be pause, resume or cancel, got {action!r}")
+        self.dump_id, self.action = dump_id, action
+
+    def execute(self, context: Context) -> str:
+        state = self.hook.control(int(self.dump_id), self.action)
+        self.log.info("dump %s is now %s", self.dump_id, state)
+        return state
+
+
+class DblogSetOperator(_DblogOperator):
+    """Change chunk size, delay or parallelism of the running stream."""
+
+    template_fields: Sequence[str] = ("chunk_size", "delay_ms", "parallelism", "config_path")
+
+    def __init__(
+        self,
+        *,
+        chunk_size: int | None = None,
+        delay_ms: int | None = None,
+        parallelism: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.chunk_size, self.delay_ms, self.parallelism = chunk_size, delay_ms, parallelism
+
+    def execute(self, context: Context) -> None:
+        self.hook.set_controls(
+            chunk_size=_int(self.chunk_size),
+            delay_ms=_int(self.delay_ms),
+            parallelism=_int(self.parallelism),
+        )
+
+
+def _int(value: int | str | None) -> int | None:
+    return None if value in (None, "") else int(value)  # type: ignore[arg-type]
+
+
+def _who(context: Context) -> str:
+    dag_run = context.get("dag_run")
+    run_id = getattr(dag_run, "run_id", "?")
+    ti = context.get("ti")
+    return f"airflow:{getattr(ti, 'dag_id', '?')}/{run_id}"

@@ -1,0 +1,298 @@
+"""The long-lived streaming job (the data plane): capture thread, spool, Spark, sinks.
+
+One process per source. A capture thread runs :class:`~airflow_dblog.engine.capture.SpooledCapture`:
+it reads the binlog/WAL, runs chunks between reads (low watermark, SELECT, high watermark),
+merges them with the log and writes each merged batch as a durable spool segment. Each sink
+follows the spool on its own, so neither waits for the other: Kafka in a driver thread
+(:mod:`~airflow_dblog.sinks.kafka_forwarder`, one transaction per batch of segments, started before
+Spark), Delta in a Spark Structured Streaming query (checkpoint ``<checkpoint>/spark/delta``)
+reading the spool through the ``dblog_changelog`` source. Once every sink holds a segment
+(:mod:`~airflow_dblog.engine.sink_progress`), its chunks are completed, the reader offset saved
+and the source acknowledged. A kill at any point replays at most each sink's batch in flight: Spark
+re-plans the same segments, Kafka resends after its marker, the sinks skip what they hold, the
+capture thread resumes after the last segment.
+
+Memory on the driver is bounded by the batch size: one chunk of rows per open chunk in the
+capture, and one Kafka transaction (at most 16 MB of spool) of messages; Delta's events are
+parsed and merged on the executors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from airflow_dblog.config import Config
+from airflow_dblog.core.events import TableId
+from airflow_dblog.engine.capture import SpooledCapture
+from airflow_dblog.engine.leader import LeaderLease
+from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.signals import SignalChannel
+from airflow_dblog.engine.sink_progress import SinkProgress
+from airflow_dblog.engine.spool import Spool, dump_bounds
+from airflow_dblog.errors import DblogError
+from airflow_dblog.sinks.kafka_forwarder import KafkaForwarder
+from airflow_dblog.sinks.kafka_sink import KafkaSink
+from airflow_dblog.sources import open_reader, open_source
+from airflow_dblog.sources.base import TableSchema
+from airflow_dblog.spark.session import build_spark_session
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+log = logging.getLogger(__name__)
+
+# Delta's MERGE costs about the same for 1 or 10,000 rows: batches no more than once a second
+DELTA_TRIGGER = "1 second"
+FORWARDED_IN_MEMORY = 50_000  # events of the newest segments (~30 MB); older ones: from disk
+_DEFAULT_MASTER = object()
+
+# The spool's event line as Spark parses it; row images stay JSON text for each sink to type.
+EVENT_DDL = (
+    "table STRING, op STRING, key STRING, position STRING, before STRING, after STRING,"
+    " ts_ms BIGINT, dump_id BIGINT, chunk_id BIGINT, unavailable ARRAY<STRING>, source STRING"
+)
+
+
+class FrameSink(Protocol):
+    """A Spark sink: ``write_frame`` is idempotent per segment and never moves a key back."""
+
+    name: str
+
+    def write_frame(
+        self,
+        segment: int,
+        events: DataFrame,
+        tables: Collection[str],
+        dump_bounds: Mapping[str, tuple[Any, Any]] | None = None,
+    ) -> None:
+        """``segment``: the batch's last spool segment; a sink that holds it writes nothing.
+
+        ``events`` carries each event's spool segment (``seq``); ``tables``: the ``db.table``
+        names with events in the batch; ``dump_bounds``: those with dumped rows only, and the
+        range of their first key column (a sink may use it to skip files).
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+class BatchCommitter:
+    """``foreachBatch`` of Delta's query: write the batch, then report the segments held.
+
+    The batch's idempotence id is its last spool segment: segments are numbered on from the
+    spool (a stream whose spool was deleted refuses to start), so a replayed batch, or one cut
+    differently after ``<checkpoint>/spark`` was deleted, is recognised by the sink whatever
+    Spark's batch ids.
+    """
+
+    def __init__(self, sink: FrameSink, progress: SinkProgress, store: MetadataStore) -> None:
+        self.sink, self.progress, self.store = sink, progress, store
+        # Spark reports a failed batch as a py4j traceback; the job reports this one line
+        self.failure: DblogError | None = None
+
+    def __call__(self, lines: DataFrame, batch_id: int) -> None:
+        try:
+            self._commit(lines, batch_id)
+        except DblogError as err:
+            self.failure = err
+            raise
+
+    def _commit(self, lines: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        started = time.monotonic()
+        self.store.check_fence()
+        parsed = lines.select(
+            "seq",
+            "footer",
+            F.when(F.col("footer"), F.col("line")).alias("line"),
+            F.when(~F.col("footer"), F.from_json("line", EVENT_DDL)).alias("e"),
+        ).persist()
+        try:
+            footers = [
+                json.loads(r["line"])["footer"]
+                for r in parsed.where("footer").select("line").collect()
+            ]
+            if not footers:
+                return
+            count = sum(f["events"] for f in footers)
+            if count:
+                events = parsed.where(~F.col("footer")).select("seq", "e.*")
+                tables = sorted({table for f in footers for table in f["tables"]})
+                last = max(f["seq"] for f in footers)
+                self.sink.write_frame(last, events, tables, dump_bounds(footers))
+            committed = self.progress.held(self.sink.name, footers)
+            closed = sum(len(f["closed"]) for f in committed)
+            if count or closed:
+                log.info(
+                    "%s batch %d: segments %d-%d, %d events in %.1f s; %d chunks completed",
+                    self.sink.name,
+                    batch_id,
+                    min(f["seq"] for f in footers),
+                    max(f["seq"] for f in footers),
+                    count,
+                    time.monotonic() - started,
+                    closed,
+                )
+        finally:
+            parsed.unpersist()
+
+
+class Worker(threading.Thread):
+    """A daemon thread running ``loop(stopping)``; its failure is kept for the main loop."""
+
+    def __init__(self, name: str, loop: Callable[[threading.Event], None]) -> None:
+        super().__init__(name=name, daemon=True)
+        self.loop = loop
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.loop(self.stopping)
+        except BaseException as err:  # surfaced by the main loop, which stops the job
+            self.error = err
+
+
+def run_stream(
+    config: Config, master: Any = _DEFAULT_MASTER, stop: threading.Event | None = None
+) -> int:
+    """Run until SIGTERM/SIGINT (or ``stop``); a failure of any part stops the whole job.
+
+    With ``ha`` configured, first wait as a standby until this process holds the leader lease.
+    """
+    stop = stop or threading.Event()
+    _stop_on_signals(stop)
+    store = MetadataStore(config.metadata_url)
+    lease: LeaderLease | None = None
+    with contextlib.ExitStack() as cleanup:  # undone in reverse: Spark, threads, sinks, lease
+        if config.ha is not None:
+            lease = LeaderLease(config.ha, config.name)
+            cleanup.callback(lease.close)
+            fence = lease.acquire(stop)
+            if fence is None:
+                return 0
+            store.take_lead(fence, lease.identity)
+        # the log position first: from here on every change is captured, and the bounds of
+        # dumps already requested are read after it
+        source = open_source(config)
+        # Kafka's forwarder takes new segments from memory: nothing parsed, nothing encoded twice
+        spool = Spool(Path(config.checkpoint) / "spool", FORWARDED_IN_MEMORY if config.kafka else 0)
+        capture = SpooledCapture(
+            config, store, source, lambda offset: open_reader(config, offset), spool
+        )
+        cleanup.callback(capture.close)
+        schemas = {table: source.describe(table) for table in config.source.tables}
+        names = [name for name, on in (("delta", config.delta), ("kafka", config.kafka)) if on]
+        progress = SinkProgress(names, capture.committed, spool.drop_before)
+        threads = [Worker("dblog-capture", capture.run)]
+        if config.kafka is not None:  # Kafka follows the spool at once, Spark or not
+            kafka = KafkaSink(config.kafka, config.name, config.source.type, schemas)
+            cleanup.callback(kafka.close)
+            forwarder = KafkaForwarder(kafka, spool, progress, store.check_fence)
+            threads.append(Worker("dblog-kafka", forwarder.run))
+            if config.kafka.signal_topic:
+                capture.signals = SignalChannel(config, store)
+        for thread in threads:
+            thread.start()
+        cleanup.callback(_stop_threads, threads)
+        query = committer = None
+        if config.delta is not None:
+            query, committer = _start_delta_query(
+                config, master, schemas, spool, progress, store, cleanup
+            )
+        log.info("stream %s running: %s -> %s", config.name, config.source.type, names)
+        while not stop.is_set():
+            if lease is not None:
+                lease.check()
+            for thread in threads:
+                if thread.error is not None:
+                    raise thread.error
+                if not thread.is_alive():
+                    raise DblogError(f"the {thread.name} thread stopped", "see the log for why")
+            if query is None or committer is None:
+                stop.wait(1.0)
+            elif _terminated(query, committer, 1.0):
+                break
+    return 0
+
+
+def _start_delta_query(
+    config: Config,
+    master: Any,
+    schemas: Mapping[TableId, TableSchema],
+    spool: Spool,
+    progress: SinkProgress,
+    store: MetadataStore,
+    cleanup: contextlib.ExitStack,
+) -> tuple[Any, BatchCommitter]:
+    """Delta's Structured Streaming query over the spool (checkpoint: ``spark/delta``)."""
+    from airflow_dblog.sinks.delta_sink import DeltaSink
+    from airflow_dblog.spark.changelog_source import NAME, ChangelogSource
+
+    assert config.delta is not None
+    spark = build_spark_session(
+        f"dblog-{config.name}",
+        master=config.spark.master if master is _DEFAULT_MASTER else master,
+        extra_conf=config.spark.conf,
+    )
+    cleanup.callback(spark.stop)
+    spark.dataSource.register(ChangelogSource)
+    describer = open_source(config)  # the Spark thread's own: sources are not thread-safe
+    cleanup.callback(describer.close)
+    # versions are spool segments; the plain app id held Spark batch ids (before 0.2)
+    app_id = f"dblog-{config.name}/segments"
+    token = store.fence.token if store.fence is not None else 0
+    delta = DeltaSink(spark, config.delta, schemas, app_id, describer.describe, token)
+    cleanup.callback(delta.close)
+    delta.fence()  # a deposed leader's batch, even one under way, now commits nothing
+    committer = BatchCommitter(delta, progress, store)
+    query = (
+        spark.readStream.format(NAME)
+        .option("path", str(spool.dir))
+        .load()
+        .writeStream.queryName(f"dblog-{config.name}-delta")
+        .foreachBatch(committer)
+        .option("checkpointLocation", str(Path(config.checkpoint) / "spark" / "delta"))
+        .trigger(processingTime=DELTA_TRIGGER)
+        .start()
+    )
+    cleanup.callback(query.stop)
+    return query, committer
+
+
+def _stop_threads(threads: Sequence[Worker]) -> None:
+    for thread in threads:
+        thread.stopping.set()
+    for thread in threads:
+        thread.join(timeout=30)
+
+
+def _terminated(query: Any, committer: BatchCommitter, wait_s: float) -> bool:
+    """Whether the query ended; its failure as one line (Spark's message spans pages)."""
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        return bool(query.awaitTermination(wait_s))
+    except StreamingQueryException as err:
+        if committer.failure is not None:
+            raise committer.failure from None
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DblogError(
+            f"the Spark query failed: {first}", "see the job log for the cause"
+        ) from None
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
