@@ -1,6 +1,7 @@
-"""A sink that keeps the current state per key in memory, with the same guards as Delta.
+"""A sink that keeps the current state per key in memory, with the same guards as Delta, and
+the capture loop that writes it directly: each step written, then committed at once.
 
-Used by tests and benchmarks to replay the output and compare it with the source table.
+Tests use them to replay the output and compare it with the source table without Spark.
 """
 
 from __future__ import annotations
@@ -8,8 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_dblog.core.events import ChangeEvent, Row, TableId
+from airflow_dblog.config import Config
+from airflow_dblog.core.events import ChangeEvent, LogItem, Row, TableId
+from airflow_dblog.core.merge import ClosedChunk
 from airflow_dblog.core.position import Position
+from airflow_dblog.engine.capture import Capture
+from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.spool import closed_record
+from airflow_dblog.sources.base import ChangelogReader, Source
 
 
 class MemorySink:
@@ -40,3 +47,35 @@ class MemorySink:
 
     def close(self) -> None:
         pass
+
+
+class MemoryCapture(Capture):
+    """The capture loop writing every step to in-memory sinks and committing it right away
+    (offset saved, chunks completed, log acknowledged), as the job does once every sink holds
+    a spool segment."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: MetadataStore,
+        source: Source,
+        reader: ChangelogReader,
+        sinks: Sequence[MemorySink],
+        batch_id: int = 0,
+    ) -> None:
+        super().__init__(config, store, source, reader, batch_id=batch_id)
+        self.sinks = list(sinks)
+
+    def _publish(
+        self, output: list[ChangeEvent], closed: list[ClosedChunk], items: list[LogItem]
+    ) -> None:
+        for sink in self.sinks:
+            sink.write(self.batch_id, output)
+        offset = self.reader.offset()
+        self._record_commit(
+            {"reader": offset, "batch_id": self.batch_id},
+            str(items[-1].position) if items else None,
+            bool(output),
+            [closed_record(c) for c in closed],
+        )
+        self.reader.acknowledge(offset)

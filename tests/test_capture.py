@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from memory_sink import MemorySink
+from memory_sink import MemoryCapture, MemorySink
 from services import restart_local_service
 from workload import Db, db_for, execute, load, restricted_user, source_rows, writers
 
@@ -59,7 +59,7 @@ def _open(config: Config, store: MetadataStore, sink: MemorySink) -> Capture:
     state = store.stream_state(config.name)
     saved = (state.source_offset or {}) if state else {}
     reader = open_reader(config, saved.get("reader"))
-    return Capture(
+    return MemoryCapture(
         config, store, open_source(config), reader, [sink], batch_id=saved.get("batch_id", 0)
     )
 

@@ -1,14 +1,14 @@
-"""The capture loop without Spark: read the log, run chunks between reads, merge, write, commit.
+"""The capture loop: read the log, run chunks between reads, merge, hand the output on, commit.
 
-One ``step`` is one batch: the items the reader has now are fed to the merge, the output is
-written through every sink under one batch id, then the reader offset is saved, chunks whose
-rows every sink holds are completed, and only then is the source told it may free the log. A
-crash between any two of these replays the batch: sinks are idempotent per batch id and refuse
-older positions, and chunks not completed are selected again.
+One ``step`` is one batch: the items the reader has now are fed to the merge and the output is
+published; once it is durable downstream the reader offset is saved, chunks whose rows it holds
+are completed, and only then is the source told it may free the log. A crash between any two of
+these replays the batch: sinks are idempotent and refuse older positions, and chunks not
+completed are selected again.
 
-The Spark job uses :class:`SpooledCapture`: the same steps, with the batch written to the spool
-and the commit (offset, chunks, acknowledgement) run once every sink holds the segment (Delta's
-``foreachBatch``, Kafka's forwarder).
+:class:`SpooledCapture` is the streaming job's: the batch is written to the spool and the commit
+(offset, chunks, acknowledgement) runs once every sink holds the segment (Delta's
+``foreachBatch``, Kafka's forwarder). :class:`Capture` is the loop without the output.
 """
 
 from __future__ import annotations
@@ -17,20 +17,20 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from airflow_dblog.config import Config, DumpSettings
 from airflow_dblog.core.events import ChangeEvent, LogItem
 from airflow_dblog.core.merge import HISTORY_LIMIT, ClosedChunk, WatermarkMerge
-from airflow_dblog.engine.chunk_executor import ChunkExecutor, watermark_strategy
+from airflow_dblog.engine.chunk_executor import ChunkExecutor
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.metadata.store import utcnow
 from airflow_dblog.engine.signals import SignalChannel
 from airflow_dblog.engine.spool import Spool, closed_record
+from airflow_dblog.engine.watermarks import watermark_strategy
 from airflow_dblog.errors import DblogError
-from airflow_dblog.sinks.base import Sink
 from airflow_dblog.sources.base import ChangelogReader, Offset, Source
 
 log = logging.getLogger(__name__)
@@ -60,20 +60,23 @@ class StepResult:
 
 
 class Capture:
+    """The loop; a subclass publishes each step's output (:meth:`_publish`)."""
+
     def __init__(
         self,
         config: Config,
         store: MetadataStore,
         source: Source,
         reader: ChangelogReader,
-        sinks: Sequence[Sink],
         worker: str = "capture",
         batch_id: int = 0,
         resumed: bool | None = None,
+        durable: Collection[int] = (),
     ) -> None:
         """``resumed``: the reader continues a stream that emitted before (default: the store
-        holds an offset); a new stream's first position is saved here, before anything else."""
-        self.config, self.store, self.reader, self.sinks = config, store, reader, list(sinks)
+        holds an offset); a new stream's first position is saved here, before anything else.
+        ``durable``: chunks in flight whose rows are already downstream (not selected again)."""
+        self.config, self.store, self.reader = config, store, reader
         state = store.stream_state(config.name)
         if resumed is None:
             resumed = bool(state and state.source_offset)
@@ -97,12 +100,9 @@ class Capture:
         self._last_chunk_at = 0.0
         self._nothing_to_claim_at = float("-inf")
         self.signals: SignalChannel | None = None  # Kafka signals, polled with the controls
-        requeued = self._requeue()
+        requeued = store.requeue_inflight(config.name, keep=durable)
         if requeued:
             log.info("restart: %d chunks in flight will be selected again", requeued)
-
-    def _requeue(self) -> int:
-        return self.store.requeue_inflight(self.config.name)
 
     def step(self, max_items: int = 5000, timeout_s: float = 0.2) -> StepResult:
         self._refresh_controls()
@@ -120,18 +120,8 @@ class Capture:
     def _publish(
         self, output: list[ChangeEvent], closed: list[ClosedChunk], items: list[LogItem]
     ) -> None:
-        """Write every sink, save the offset, complete chunks, then let the source free the log."""
-        for sink in self.sinks:
-            sink.write(self.batch_id, output)
-        offset = self.reader.offset()
-        position = str(items[-1].position) if items else None
-        self._record_commit(
-            {"reader": offset, "batch_id": self.batch_id},
-            position,
-            bool(output),
-            [closed_record(c) for c in closed],
-        )
-        self.reader.acknowledge(offset)
+        """Hand one step's output on; commit (:meth:`_record_commit`) once it is durable."""
+        raise NotImplementedError
 
     def _record_commit(
         self,
@@ -187,8 +177,6 @@ class Capture:
         if self.signals is not None:
             self.signals.close()
         self.reader.close()
-        for sink in self.sinks:
-            sink.close()
 
 
 class SpooledCapture(Capture):
@@ -210,18 +198,11 @@ class SpooledCapture(Capture):
         spool: Spool,
         worker: str = "stream",
     ) -> None:
-        self.spool = spool
         seqs = spool.segments()
         footers = [spool.footer(seq) for seq in seqs]
         state = store.stream_state(config.name)
         saved = (state.source_offset or {}) if state else {}
         last = footers[-1] if footers else saved
-        self._durable = {c["chunk_id"] for f in footers for c in f["closed"]}
-        self._ack_lock = threading.Lock()
-        self._ack: Offset | None = None
-        self._spooled_at = 0.0
-        # dump rows per segment that not every sink holds yet (the dump's share of the backlog)
-        self._dump_in_flight: collections.deque[tuple[int, int]] = collections.deque()
         if not seqs and "segment" in saved:
             # sinks key batches by segment number: numbering again from 0 would skip batches
             raise DblogError(
@@ -231,22 +212,26 @@ class SpooledCapture(Capture):
                 "restore the checkpoint directory (deleting only <checkpoint>/spark is safe),"
                 " or start a new stream (new name, Delta path, topic prefix) with a full dump",
             )
-        self._pending: list[ChangeEvent] = []
-        self._pending_closed: list[ClosedChunk] = []
-        self._pending_position: str | None = None
         super().__init__(
             config,
             store,
             source,
             reader_factory(last.get("reader")),
-            [],
             worker,
             int(last.get("batch_id", 0)),
             resumed=bool(footers or saved),
+            # chunks closed in a segment still on disk: their rows are in it
+            durable={c["chunk_id"] for f in footers for c in f["closed"]},
         )
-
-    def _requeue(self) -> int:
-        return self.store.requeue_inflight(self.config.name, keep=self._durable)
+        self.spool = spool
+        self._ack_lock = threading.Lock()
+        self._ack: Offset | None = None
+        self._spooled_at = 0.0
+        # dump rows per segment that not every sink holds yet (the dump's share of the backlog)
+        self._dump_in_flight: collections.deque[tuple[int, int]] = collections.deque()
+        self._pending: list[ChangeEvent] = []
+        self._pending_closed: list[ClosedChunk] = []
+        self._pending_position: str | None = None
 
     def _start_chunks(self) -> int:
         settings = self.settings

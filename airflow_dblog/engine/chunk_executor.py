@@ -3,16 +3,8 @@
 The executor runs while the log reader is paused (same thread, between reads), so a chunk's
 window is registered with the merge before the log items that could fall inside it are fed; the
 changes fed before it are judged from the merge's memory. How the window is bounded is the
-watermark strategy's business (:func:`watermark_strategy`, one class per mode and source kind):
-
-- ``table``: UUIDs written to ``dblog.dblog_watermarks`` before and after the SELECT; the
-  window is what the log shows between the two writes. On PostgreSQL the SELECT also reads its
-  snapshot, which judges the changes logged before the low watermark (log order is not
-  visibility order there); MySQL/MariaDB need ``binlog_order_commits`` (checked at start).
-- ``gtid`` (MySQL): executed GTID sets read before and after the SELECT (read-only). Refused on
-  MariaDB, whose ``@@gtid_binlog_pos`` counts a transaction before it is visible.
-- ``snapshot``: the SELECT's own snapshot says which changes it saw (read-only and exact):
-  PostgreSQL's ``pg_current_snapshot()``, MariaDB's binlog snapshot position.
+watermark strategy's business (:mod:`~airflow_dblog.engine.watermarks`, one class per mode and
+source kind).
 
 A table's upper key bound is read here, by the stream, when its first chunk is cut: only then is
 the stream's log position durable, so any row beyond the bound is in the log. An error that
@@ -24,26 +16,14 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from airflow_dblog.core.events import Row, TableId
-from airflow_dblog.core.gtid import parse_gtid_set
+from airflow_dblog.core.events import TableId
 from airflow_dblog.core.keys import from_json, to_json
-from airflow_dblog.core.merge import HistoryLost, Seen, WatermarkMerge
-from airflow_dblog.core.position import Position
-from airflow_dblog.core.window import (
-    GtidWindow,
-    PositionWindow,
-    SnapshotXidWindow,
-    TableWindow,
-    Window,
-    XidSnapshot,
-)
+from airflow_dblog.core.merge import HistoryLost, WatermarkMerge
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.metadata.models import Chunk, DumpTable
+from airflow_dblog.engine.watermarks import Rows, Selection, WatermarkStrategy
 from airflow_dblog.errors import DblogError, FencedError, MetadataError, SourceError
 from airflow_dblog.sources.base import Key, Source, TableSchema
 
@@ -51,164 +31,6 @@ log = logging.getLogger(__name__)
 
 RESELECT_ATTEMPTS = 3
 HISTORY_RETRY_S = 1.0  # wait before a chunk whose window cannot be judged yet is tried again
-
-Rows = list[tuple[Key, Row]]
-Horizon = Callable[[Seen], bool]
-
-
-@dataclass(frozen=True)
-class Selection:
-    """What one chunk reads: a keyset page ``(lower, upper]`` or a list of keys."""
-
-    table: TableId
-    lower: Key | None = None
-    upper: Key | None = None
-    limit: int = 0
-    keys: list[Key] | None = None
-
-    def plain(self, source: Any) -> Rows:
-        if self.keys is not None:
-            return source.select_keys(self.table, self.keys)
-        return source.select_range(self.table, self.lower, self.upper, self.limit)
-
-    def in_snapshot(self, source: Any) -> tuple[Rows, Any]:
-        """The rows and the snapshot they were read in, in one transaction."""
-        if self.keys is not None:
-            return source.snapshot_select_keys(self.table, self.keys)
-        return source.snapshot_select_range(self.table, self.lower, self.upper, self.limit)
-
-
-class WatermarkStrategy:
-    """How one watermark mode bounds a chunk's window on one kind of source.
-
-    ``history``: whether its windows judge changes logged before them (the merge remembers
-    recent changes only then). ``horizon`` tells which remembered changes no later window can
-    need; ``unknown_past`` stands for what a restarted stream emitted before it had a memory.
-    """
-
-    history = True
-
-    def __init__(self, source: Any, stream: str) -> None:
-        self.source, self.stream = source, stream
-
-    def check(self) -> None:
-        """Start-up checks: refuse a setup in which the windows would not be exact."""
-
-    def select(self, selection: Selection) -> tuple[Rows, Window, tuple[Any, ...]]:
-        """Run the chunk's SELECT inside its window: rows, window, what the store records."""
-        raise NotImplementedError
-
-    def horizon(self) -> Horizon | None:
-        return None
-
-    def unknown_past(self) -> Seen | None:
-        return None
-
-
-class _PostgresHorizon(WatermarkStrategy):
-    """The oldest running xid only grows: changes of older transactions every snapshot sees."""
-
-    def horizon(self) -> Horizon | None:
-        return self.source.current_snapshot().older
-
-    def unknown_past(self) -> Seen | None:
-        # every transaction the stream read before it restarted has an xid below this
-        # snapshot's xmax; once the oldest running xid has passed it, all of them are visible
-        xmax = self.source.current_snapshot().xmax
-        return Seen(None, (), Position.postgres(0), xid=max(xmax - 1, 0))
-
-
-class TableWatermarks(_PostgresHorizon):
-    def __init__(self, source: Any, stream: str) -> None:
-        super().__init__(source, stream)
-        self.postgres = source.kind == "postgres"
-        self.history = self.postgres
-
-    def check(self) -> None:
-        self.source.ensure_watermark_table()
-        if not self.postgres:
-            self.source.check_commit_order()
-
-    def select(self, selection: Selection) -> tuple[Rows, Window, tuple[Any, ...]]:
-        low, high = str(uuid.uuid4()), str(uuid.uuid4())
-        self.source.write_watermark(self.stream, low)
-        snapshot = None
-        if self.postgres:
-            rows, info = selection.in_snapshot(self.source)
-            snapshot = XidSnapshot(info.xmin, info.xmax, info.xip)
-        else:
-            rows = selection.plain(self.source)
-        self.source.write_watermark(self.stream, high)
-        return rows, TableWindow(low, high, snapshot), ({"type": "table"}, low, high)
-
-    def horizon(self) -> Horizon | None:
-        return super().horizon() if self.postgres else None
-
-    def unknown_past(self) -> Seen | None:
-        return super().unknown_past() if self.postgres else None
-
-
-class PostgresSnapshotWatermarks(_PostgresHorizon):
-    def select(self, selection: Selection) -> tuple[Rows, Window, tuple[Any, ...]]:
-        rows, info = selection.in_snapshot(self.source)
-        # every commit the snapshot saw starts below close_position; an idle heartbeat reaches it
-        window = SnapshotXidWindow(info.xmin, info.xmax, info.xip, info.close_position)
-        return rows, window, ({"type": "snapshot"},)
-
-
-class MariaDbSnapshotWatermarks(WatermarkStrategy):
-    def check(self) -> None:
-        if self.source.flavor != "mariadb":
-            raise SourceError(
-                f"watermark snapshot needs MariaDB; MySQL at {self.source.where} has no binlog"
-                " snapshot position",
-                "set source.watermark: gtid (read-only) or table",
-            )
-
-    def select(self, selection: Selection) -> tuple[Rows, Window, tuple[Any, ...]]:
-        # the SELECT saw the binlog exactly up to ``at`` (after every row of the event ending
-        # there): rows belong right there, and an idle server's heartbeat reaches it
-        rows, at = selection.in_snapshot(self.source)
-        return rows, PositionWindow(at, at), ({"type": "snapshot"},)
-
-    def horizon(self) -> Horizon | None:
-        seen_upto = self.source.visible_position().log_part()
-        return lambda change: change.position.log_part() <= seen_upto
-
-    def unknown_past(self) -> Seen | None:
-        return Seen(None, (), self.source.binlog_position())
-
-
-class GtidWatermarks(WatermarkStrategy):
-    """MySQL only. After a restart it judges only what it has read since (no GTID horizon)."""
-
-    def check(self) -> None:
-        self.source.refuse_gtid_watermarks()
-
-    def select(self, selection: Selection) -> tuple[Rows, Window, tuple[Any, ...]]:
-        low = self.source.gtid_executed()
-        rows = selection.plain(self.source)
-        high = self.source.gtid_executed()
-        window = GtidWindow.from_strings(low, high, self.source.binlog_position())
-        return rows, window, ({"type": "gtid"}, low, high)
-
-    def horizon(self) -> Horizon | None:
-        executed = parse_gtid_set(self.source.gtid_executed())
-        return lambda change: change.gtid is not None and executed.contains(change.gtid)
-
-
-def watermark_strategy(mode: str, source: Source, stream: str) -> WatermarkStrategy:
-    """The strategy of ``source.watermark`` for this source, checked against the server."""
-    if mode == "table":
-        strategy: WatermarkStrategy = TableWatermarks(source, stream)
-    elif mode == "gtid":
-        strategy = GtidWatermarks(source, stream)
-    elif source.kind == "postgres":
-        strategy = PostgresSnapshotWatermarks(source, stream)
-    else:
-        strategy = MariaDbSnapshotWatermarks(source, stream)
-    strategy.check()
-    return strategy
 
 
 class ChunkExecutor:
@@ -218,7 +40,7 @@ class ChunkExecutor:
         store: MetadataStore,
         merge: WatermarkMerge,
         stream: str,
-        strategy: WatermarkStrategy,
+        strategy: WatermarkStrategy[Any],
         worker: str,
     ) -> None:
         self.source, self.store, self.merge = source, store, merge

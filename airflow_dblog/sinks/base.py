@@ -1,23 +1,28 @@
-"""The contract between the merge and every sink.
+"""The contract of every sink: it holds the spool's segments.
 
-A batch is the ordered output of one step of the stream (a Spark micro-batch, or one loop of
-the plain capture loop). ``write`` must be atomic and idempotent per ``batch_id``: writing a
-batch again after a crash changes nothing, so the stream may replay the batch it was in the
-middle of. Within a batch, and across batches, a key's position never decreases; sinks also
-refuse an event older than what they hold, so a late replay cannot move a key back.
+The capture writes merged batches into numbered spool segments; each sink follows the spool on
+its own (Delta in a Spark query, Kafka in a driver thread) and writes batches of consecutive
+segments. ``write`` is atomic and idempotent by the batch's last segment number: a sink that
+holds it writes nothing, so a crash may replay the batch it was in the middle of, cut the same
+way or not. A key's position never decreases within or across batches, and a sink refuses an
+event older than what it holds, so a late replay cannot move a key back.
+
+Each sink takes the batch in the form its runner has (``Batch``): Delta a Spark DataFrame of the
+segments' events, Kafka the messages built from them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-from airflow_dblog.core.events import ChangeEvent
+Batch = TypeVar("Batch", contravariant=True)
 
 
-class Sink(Protocol):
+class Sink(Protocol[Batch]):
     name: str
 
-    def write(self, batch_id: int, events: Sequence[ChangeEvent]) -> None: ...
+    def write(self, segment: int, batch: Batch) -> object:
+        """Write ``batch``, the spool's segments up to ``segment``, unless already held."""
+        ...
 
     def close(self) -> None: ...

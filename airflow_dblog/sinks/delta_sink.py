@@ -23,7 +23,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_dblog.config import DeltaSinkConfig
@@ -113,6 +113,17 @@ def quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+@dataclass(frozen=True)
+class FrameBatch:
+    """A batch as Delta's query has it: the spool's events (``EVENT_DDL`` columns and each
+    event's segment in ``seq``), the ``db.table`` names with events, and for the tables with
+    dumped rows only, the range of their first key column (the MERGE may skip files by it)."""
+
+    events: DataFrame
+    tables: Collection[str]
+    dump_bounds: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
+
+
 class DeltaSink:
     name = "delta"
 
@@ -171,23 +182,15 @@ class DeltaSink:
                     if attempt == MERGE_ATTEMPTS:
                         raise
 
-    def write_frame(
-        self,
-        segment: int,
-        events: DataFrame,
-        tables: Collection[str],
-        dump_bounds: Mapping[str, tuple[Any, Any]] | None = None,
-    ) -> None:
-        """Apply one batch of events (the spool's event frame) to every table it touches.
-
-        ``segment``: the batch's last spool segment. ``dump_bounds``: tables with only dumped
-        rows in the batch, and the range of their first key column.
-        """
+    def write(self, segment: int, batch: FrameBatch) -> None:
+        """Apply one batch to every table it touches (the :class:`~airflow_dblog.sinks.base.Sink`
+        contract: ``segment`` is the batch's last spool segment)."""
         version = self.txn_version(segment)
-        for name in tables:
+        events = batch.events
+        for name in batch.tables:
             table = TableId.parse(name)
             self._follow_schema(table)
-            bounds = (dump_bounds or {}).get(name)
+            bounds = batch.dump_bounds.get(name)
             self._merge(version, table, events.where(events["table"] == name), bounds)
         for table in self.schemas:
             self._purge_tombstones(table)

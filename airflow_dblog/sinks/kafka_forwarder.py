@@ -77,7 +77,7 @@ class KafkaForwarder:
         events = [event for segment in segments for event in segment.events]
         if events:  # heartbeats alone need no transaction: the next one moves the marker
             self.check_fence()  # a deposed leader must not write the new one's segments
-            self.sink.write_messages(batch[-1], map(self.sink.message, events))
+            self.sink.write(batch[-1], map(self.sink.message, events))
         committed = self.progress.held(self.sink.name, footers)
         closed = sum(len(f["closed"]) for f in committed)
         if events or closed:

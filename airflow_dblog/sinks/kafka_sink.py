@@ -262,20 +262,19 @@ class KafkaSink:
         finally:
             self.consumer.unassign()
 
-    def write_messages(self, version: int, messages: Iterable[Message]) -> int:
-        """One transaction: every message (a tombstone after each delete), then the version.
-
-        Returns the messages sent.
-        """
+    def write(self, segment: int, batch: Iterable[Message]) -> int:
+        """One transaction: every message (a tombstone after each delete), then the marker of
+        ``segment`` (the :class:`~airflow_dblog.sinks.base.Sink` contract). Returns the
+        messages sent."""
         self._call("begin a transaction", self.producer.begin_transaction)
         sent = 0
         try:
-            for topic, key, value, tombstone in messages:
+            for topic, key, value, tombstone in batch:
                 self._produce(topic, key, value)
                 if tombstone:
                     self._produce(topic, key, None)
                 sent += 1 + tombstone
-            self._produce(self.marker_topic, self.stream, _json({"segment": version}))
+            self._produce(self.marker_topic, self.stream, _json({"segment": segment}))
             self._commit()
         except BaseException:
             try:
@@ -283,7 +282,7 @@ class KafkaSink:
             except Exception as err:  # the original error matters more
                 log.warning("kafka: aborting the transaction failed too: %s", err)
             raise
-        self._committed = version
+        self._committed = segment
         return sent
 
     def _commit(self) -> None:

@@ -5,14 +5,22 @@
 pyspark already ships, into ``${DBLOG_CACHE_DIR:-~/.cache/airflow-dblog}/spark-jars-4.2.0/``.
 A session built here puts exactly those jars on ``spark.jars``: nothing is downloaded when a job
 starts. ``DBLOG_SPARK_JARS_DIR`` points somewhere else (e.g. a cluster image's jar directory).
+Without either (an installed wheel, no ``scripts/``), the first session downloads the same jars
+(:data:`CONNECTOR_JARS`) from Maven Central into that cache, each checked against Central's SHA-1.
 
 Importing this module does not import pyspark; :func:`build_spark_session` does.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import logging
 import os
+import shutil
 import sys
+import tempfile
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,11 +30,35 @@ from airflow_dblog.errors import DblogError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+log = logging.getLogger(__name__)
+
 SPARK_VERSION = "4.2.0"
+PACKAGES = (
+    "io.delta:delta-spark_4.2_2.13:4.4.0",
+    f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION}",
+)
+# PACKAGES' runtime closure minus what pyspark ships: what scripts/services.sh resolves with
+# Maven (tests/spark/test_session.py checks that the two agree)
+CONNECTOR_JARS = (
+    "com.fasterxml.jackson.datatype:jackson-datatype-jdk8:2.21.2",
+    "io.delta:delta-kernel-api:4.4.0",
+    "io.delta:delta-kernel-defaults:4.4.0",
+    "io.delta:delta-kernel-unitycatalog:4.4.0",
+    "io.delta:delta-spark_4.2_2.13:4.4.0",
+    "io.delta:delta-storage:4.4.0",
+    "io.unitycatalog:unitycatalog-client:0.6.0",
+    "io.unitycatalog:unitycatalog-hadoop:0.6.0",
+    "org.apache.commons:commons-pool2:2.13.1",
+    "org.apache.kafka:kafka-clients:3.9.2",
+    f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION}",
+    f"org.apache.spark:spark-token-provider-kafka-0-10_2.13:{SPARK_VERSION}",
+)
+MAVEN_REPO = "https://repo1.maven.org/maven2"
 FIX = (
-    "run scripts/services.sh spark-jars in a source checkout (the wheel does not ship scripts/),"
-    " or set DBLOG_SPARK_JARS_DIR to a directory holding io.delta:delta-spark_4.2_2.13 4.4.0 and"
-    f" spark-sql-kafka-0-10_2.13 {SPARK_VERSION} with their dependencies"
+    "let the job reach Maven Central once (it caches the jars), run scripts/services.sh"
+    " spark-jars in a source checkout, or set DBLOG_SPARK_JARS_DIR to a directory holding"
+    f" io.delta:delta-spark_4.2_2.13 4.4.0 and spark-sql-kafka-0-10_2.13 {SPARK_VERSION}"
+    " with their dependencies"
 )
 
 # Delta Lake wiring; every session that touches a Delta table needs both.
@@ -62,6 +94,47 @@ def spark_jars() -> list[str]:
     return jars
 
 
+def fetch_jars(repo: str = MAVEN_REPO) -> Path:
+    """Download :data:`CONNECTOR_JARS` into :func:`spark_jars_dir` unless it is complete.
+
+    Written to a sibling directory and renamed into place, so a half-finished download (or a
+    second process doing the same) never looks complete.
+    """
+    directory = spark_jars_dir()
+    if (directory / ".complete").is_file():
+        return directory
+    log.info("downloading Spark's connector jars from %s into %s", repo, directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory.parent, prefix=".jars-") as work:
+        for coordinate in CONNECTOR_JARS:
+            group, artifact, version = coordinate.split(":")
+            name = f"{artifact}-{version}.jar"
+            url = f"{repo}/{group.replace('.', '/')}/{artifact}/{version}/{name}"
+            try:
+                with urllib.request.urlopen(url, timeout=60) as response:
+                    body = response.read()
+                with urllib.request.urlopen(url + ".sha1", timeout=60) as response:
+                    expected = response.read().decode().split()[0]
+            except OSError as err:
+                raise DblogError(f"cannot download {url}: {err}", FIX) from None
+            if hashlib.sha1(body).hexdigest() != expected:
+                raise DblogError(f"{url} does not match its SHA-1 {expected}", FIX)
+            (Path(work) / name).write_bytes(body)
+        (Path(work) / ".complete").write_text(" ".join(PACKAGES) + "\n")
+        with contextlib.suppress(OSError):  # another process finished first: keep its copy
+            if directory.exists() and not (directory / ".complete").is_file():
+                shutil.rmtree(directory)
+            os.rename(work, directory)
+    return directory
+
+
+def jar_conf() -> dict[str, str]:
+    """``spark.jars``: the cached jars, downloaded first when there is no cache (a wheel)."""
+    if os.environ.get("DBLOG_SPARK_JARS_DIR") is None:
+        fetch_jars()
+    return {"spark.jars": ",".join(spark_jars())}
+
+
 def _conf_value(value: Any) -> str:
     if isinstance(value, bool):  # Spark wants "true"/"false", not Python's "True"
         return "true" if value else "false"
@@ -82,7 +155,7 @@ def build_spark_session(
     from pyspark.sql import SparkSession
 
     conf: dict[str, str] = {
-        "spark.jars": ",".join(spark_jars()),
+        **jar_conf(),
         **DELTA_CONF,
         "spark.sql.session.timeZone": "UTC",
         # CDC tables are small per micro-batch; Spark's default of 200 shuffle partitions is
@@ -113,4 +186,6 @@ def build_spark_session(
 
 
 if __name__ == "__main__":  # `spark-submit --jars "$(python -m airflow_dblog.spark.session)" ...`
+    if os.environ.get("DBLOG_SPARK_JARS_DIR") is None:
+        fetch_jars()
     print(",".join(spark_jars()))

@@ -25,9 +25,9 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from airflow_dblog.config import Config
 from airflow_dblog.core.events import TableId
@@ -38,6 +38,8 @@ from airflow_dblog.engine.signals import SignalChannel
 from airflow_dblog.engine.sink_progress import SinkProgress
 from airflow_dblog.engine.spool import Spool, dump_bounds
 from airflow_dblog.errors import DblogError
+from airflow_dblog.sinks.base import Sink
+from airflow_dblog.sinks.delta_sink import DeltaSink, FrameBatch
 from airflow_dblog.sinks.kafka_forwarder import KafkaForwarder
 from airflow_dblog.sinks.kafka_sink import KafkaSink
 from airflow_dblog.sources import open_reader, open_source
@@ -61,29 +63,6 @@ EVENT_DDL = (
 )
 
 
-class FrameSink(Protocol):
-    """A Spark sink: ``write_frame`` is idempotent per segment and never moves a key back."""
-
-    name: str
-
-    def write_frame(
-        self,
-        segment: int,
-        events: DataFrame,
-        tables: Collection[str],
-        dump_bounds: Mapping[str, tuple[Any, Any]] | None = None,
-    ) -> None:
-        """``segment``: the batch's last spool segment; a sink that holds it writes nothing.
-
-        ``events`` carries each event's spool segment (``seq``); ``tables``: the ``db.table``
-        names with events in the batch; ``dump_bounds``: those with dumped rows only, and the
-        range of their first key column (a sink may use it to skip files).
-        """
-        ...
-
-    def close(self) -> None: ...
-
-
 class BatchCommitter:
     """``foreachBatch`` of Delta's query: write the batch, then report the segments held.
 
@@ -93,7 +72,9 @@ class BatchCommitter:
     Spark's batch ids.
     """
 
-    def __init__(self, sink: FrameSink, progress: SinkProgress, store: MetadataStore) -> None:
+    def __init__(
+        self, sink: Sink[FrameBatch], progress: SinkProgress, store: MetadataStore
+    ) -> None:
         self.sink, self.progress, self.store = sink, progress, store
         # Spark reports a failed batch as a py4j traceback; the job reports this one line
         self.failure: DblogError | None = None
@@ -128,7 +109,7 @@ class BatchCommitter:
                 events = parsed.where(~F.col("footer")).select("seq", "e.*")
                 tables = sorted({table for f in footers for table in f["tables"]})
                 last = max(f["seq"] for f in footers)
-                self.sink.write_frame(last, events, tables, dump_bounds(footers))
+                self.sink.write(last, FrameBatch(events, tables, dump_bounds(footers)))
             committed = self.progress.held(self.sink.name, footers)
             closed = sum(len(f["closed"]) for f in committed)
             if count or closed:
@@ -235,7 +216,6 @@ def _start_delta_query(
     cleanup: contextlib.ExitStack,
 ) -> tuple[Any, BatchCommitter]:
     """Delta's Structured Streaming query over the spool (checkpoint: ``spark/delta``)."""
-    from airflow_dblog.sinks.delta_sink import DeltaSink
     from airflow_dblog.spark.changelog_source import NAME, ChangelogSource
 
     assert config.delta is not None

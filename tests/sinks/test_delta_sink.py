@@ -17,7 +17,7 @@ from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.core.position import Position
 from airflow_dblog.engine.spool import EventText
 from airflow_dblog.errors import DblogError, FencedError
-from airflow_dblog.sinks.delta_sink import DeltaSink, optimize, spark_type
+from airflow_dblog.sinks.delta_sink import DeltaSink, FrameBatch, optimize, spark_type
 from airflow_dblog.sources.base import Column, TableSchema
 from airflow_dblog.spark.stream_job import EVENT_DDL
 
@@ -75,7 +75,7 @@ def _write(
     spark = sink.spark
     lines = spark.createDataFrame([(EventText.of(e).line(),) for e in events], "line string")
     frame = lines.selectExpr(f"from_json(line, '{EVENT_DDL}') AS e").select("e.*")
-    sink.write_frame(batch_id, frame, {str(e.table) for e in events}, dump_bounds)
+    sink.write(batch_id, FrameBatch(frame, {str(e.table) for e in events}, dump_bounds or {}))
 
 
 def _state(sink: DeltaSink) -> dict[int, dict[str, Any]]:
@@ -156,7 +156,7 @@ def test_a_deposed_leaders_merge_under_way_fails_when_the_new_leader_fences(
 
     def merge() -> None:
         try:
-            old.write_frame(2, frame, {str(TABLE)})
+            old.write(2, FrameBatch(frame, {str(TABLE)}))
         except BaseException as err:  # handed to the test thread
             failed.append(err)
 

@@ -86,7 +86,7 @@ def test_batch_becomes_envelopes_with_a_tombstone_after_each_delete(
 ) -> None:
     sink = sink_factory()
     rows = [_row("r", 1, 5, 10), _row("u", 1, 6, 11), _row("c", 2, 1, 12), _row("d", 2, 1, 13)]
-    assert sink.write_messages(0, _messages(rows, prefix=sink.config.topic_prefix)) == 5
+    assert sink.write(0, _messages(rows, prefix=sink.config.topic_prefix)) == 5
     messages = read_committed(
         kafka_server.bootstrap_servers, topic_name(sink.config.topic_prefix, TABLE)
     )
@@ -155,16 +155,16 @@ def test_a_failed_batch_leaves_nothing_visible(kafka_server: Any, sink_factory: 
         raise OSError("the spool disappeared")  # failure injection mid-batch
 
     with pytest.raises(OSError):
-        sink.write_messages(0, broken())
+        sink.write(0, broken())
     assert sink.committed_segment() == -1
-    sink.write_messages(0, _messages([_row("c", 3, 5, 12)], prefix=prefix))
+    sink.write(0, _messages([_row("c", 3, 5, 12)], prefix=prefix))
     messages = read_committed(
         kafka_server.bootstrap_servers, topic_name(sink.config.topic_prefix, TABLE)
     )
     assert [k["a"] for k, _ in messages] == [3]
     for batch_id in range(1, 21):  # 20 aborted markers: more than the first window read back
         with pytest.raises(OSError):
-            sink.write_messages(batch_id, broken())
+            sink.write(batch_id, broken())
     assert sink_factory(stream=sink.stream).committed_segment() == 0
 
 
@@ -225,7 +225,7 @@ def test_spark_reads_the_topic_with_a_schema(
     """Consumers need nothing of ours: Spark's Kafka source plus a schema for the envelope."""
     sink = sink_factory()
     rows = [_row("c", 1, 5, 10), _row("u", 1, 6, 11), _row("d", 1, 6, 12)]
-    sink.write_messages(0, _messages(rows, prefix=sink.config.topic_prefix))
+    sink.write(0, _messages(rows, prefix=sink.config.topic_prefix))
     topic = topic_name(sink.config.topic_prefix, TABLE)
     image = "a BIGINT, b STRING, qty BIGINT"
     envelope_ddl = (
