@@ -1,4 +1,8 @@
-"""The dblog command line against a real (SQLite) metadata store, run as a subprocess."""
+"""The dblog command line against a real (SQLite) metadata store, run as a subprocess.
+
+Every run is a base install's: Airflow, PySpark and delta-spark cannot be imported in it (the
+``[airflow]`` and ``[spark]`` extras), and planning, status and controls still work.
+"""
 
 from __future__ import annotations
 
@@ -32,9 +36,22 @@ def config_file(tmp_path: Path) -> Path:
     return file
 
 
+# what the extras add, unimportable: the CLI and the engine must not need them
+BASE_INSTALL = """
+import sys
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("airflow", "pyspark", "delta"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, Absent())
+from airflow_dblog.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def dblog(*args: str, env_password: str = "pw") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "airflow_dblog.cli", *args],
+        [sys.executable, "-c", BASE_INSTALL, *args],
         capture_output=True,
         text=True,
         env={"DB_PASSWORD": env_password, "PATH": "/usr/bin:/bin"},

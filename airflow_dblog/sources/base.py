@@ -1,8 +1,10 @@
 """What the capture engine needs from a source database, whatever its kind.
 
 A ``Source`` answers questions about tables and runs the chunk SELECTs and watermark writes; a
-``ChangelogReader`` turns the binlog or WAL into ``LogItem``s. The chunk executor and the merge
-use only these two protocols, so MySQL/MariaDB and PostgreSQL differ only in their modules.
+``ChangelogReader`` turns the binlog or WAL into ``LogItem``s. The planner, the chunk executor,
+the capture loop and the merge use only these two protocols; what one watermark strategy needs
+of one kind of server (GTID sets, binlog or snapshot positions, snapshot SELECTs) it asks of
+that source's own class (``engine/watermarks.py``).
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ class Source(Protocol):
 
     def coerce_key(self, table: TableId, key: Sequence[Any]) -> Key:
         """A user-given key (JSON values) in the column types; InputError if it cannot match."""
+        ...
+
+    def ensure_watermark_table(self) -> None:
+        """``table`` strategy: create the watermark table if missing, or refuse in one line."""
         ...
 
     def write_watermark(self, stream: str, value: str) -> None:
