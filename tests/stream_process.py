@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,7 +11,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -64,6 +65,36 @@ spark:
     return path
 
 
+def _signal_all(processes: Sequence[Any], sig: int) -> None:
+    import psutil
+
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(sig)
+
+
+def _cpu_s(processes: Sequence[Any]) -> float:
+    """The CPU seconds ``processes`` have used, all threads."""
+    import psutil
+
+    total = 0.0
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def _stopped(process: Any) -> bool:
+    """Whether a ``psutil.Process`` is stopped by a signal (or gone)."""
+    import psutil
+
+    try:
+        return bool(process.status() == psutil.STATUS_STOPPED)
+    except psutil.NoSuchProcess:
+        return True
+
+
 def until(what: str, done: Callable[[], bool], timeout_s: float, stream: Stream) -> None:
     """Poll ``done`` every half second; fail if the stream dies or time runs out."""
     deadline = time.monotonic() + timeout_s
@@ -97,10 +128,52 @@ class Stream:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(30)
 
-    def freeze(self, frozen: bool) -> None:
-        """SIGSTOP / SIGCONT: a leader that stalls (GC pause, partition) and later wakes up."""
+    def freeze(self, frozen: bool, tree: bool = False) -> None:
+        """SIGSTOP / SIGCONT: a leader that stalls (GC pause, partition) and later wakes up.
+
+        ``tree``: the whole process tree, Spark's JVM and its Python workers too (a host or VM
+        that stalls), and a freeze returns once all of them stopped; else only the Python
+        driver stops, and a Delta MERGE under way in the JVM runs on to its commit.
+        """
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
+        sig = signal.SIGSTOP if frozen else signal.SIGCONT
+        if not tree:
+            self.proc.send_signal(sig)
+            return
+        family = self.processes()
+        _signal_all(family, sig)
+        deadline = time.monotonic() + 10
+        while frozen and not all(_stopped(p) for p in family):
+            assert time.monotonic() < deadline, "the stream's processes did not stop"
+            time.sleep(0.01)
+
+    def wake_spark_first(self, timeout_s: float = 120) -> float:
+        """SIGCONT a frozen tree's Spark side (JVM, Python workers) and, once the JVM's work
+        under way is done (its CPU rests), the driver: what the JVM was doing, e.g. a Delta
+        commit, runs to its end before the driver's own threads (lease checks) can interrupt
+        it. Returns how long the driver stayed frozen after the JVM woke."""
+        *spark_side, driver = self.processes()
+        assert spark_side, "no Spark JVM under the stream process"
+        woke = time.monotonic()
+        _signal_all(spark_side, signal.SIGCONT)
+        time.sleep(2)
+        busy = _cpu_s(spark_side)
+        while time.monotonic() < woke + timeout_s:
+            time.sleep(1)
+            busy, before = _cpu_s(spark_side), busy
+            if busy - before < 0.1:  # idle (heartbeats aside) for a second
+                break
+        _signal_all([driver], signal.SIGCONT)
+        return time.monotonic() - woke
+
+    def processes(self) -> list[Any]:
+        """``psutil.Process`` of the stream and every descendant, descendants first (the JVM,
+        where a MERGE runs, stops first)."""
+        import psutil
+
+        assert self.proc is not None
+        root = psutil.Process(self.proc.pid)
+        return [*root.children(recursive=True), root]
 
     def stop(self) -> int:
         assert self.proc is not None

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from oracle import check_outputs, delta_path, delta_rows
@@ -27,6 +28,7 @@ from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import Config, load_config
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.errors import MetadataError
+from airflow_dblog.sinks.delta_sink import SEGMENT_BITS
 from airflow_dblog.spark.stream_job import BatchCommitter, _terminated
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -322,6 +324,186 @@ def test_standbys_take_over_a_dead_or_frozen_leader_and_the_old_one_writes_nothi
         for s in (a, b, c):
             if s.proc is not None and s.proc.poll() is None:
                 s.freeze(False)
+                s.stop()
+
+
+FREEZE_ATTEMPTS = 3
+_COMMITTING = re.compile(r"delta batch (\d+): committing segments \d+-(\d+), \d+ events")
+_COMMITTED = re.compile(r"delta batch (\d+): segments ")
+_FENCE_LOW_BITS = (1 << SEGMENT_BITS) - 1  # a fence's version: (token << SEGMENT_BITS) - 1
+
+
+def _log_since(stream: Stream, offset: int) -> str:
+    with open(stream.log, "rb") as log:
+        log.seek(offset)
+        return log.read().decode(errors="replace")
+
+
+def _lease_token(stream: Stream) -> int:
+    found = re.search(r"with lease token (\d+)", _log_since(stream, stream.run_starts_at))
+    assert found, f"{stream.log.name}: no lease token logged"
+    return int(found.group(1))
+
+
+def _txns(delta_log: Path, app_id: str) -> list[tuple[int, int]]:
+    """(table version, transaction version) of each Delta commit carrying ``app_id``'s txn."""
+    found = []
+    commits = sorted((int(p.stem), p) for p in delta_log.glob("*.json") if p.stem.isdigit())
+    for table_version, path in commits:
+        for line in path.read_text().splitlines():
+            txn = json.loads(line).get("txn")
+            if txn and txn["appId"] == app_id:
+                found.append((table_version, txn["version"]))
+    return found
+
+
+def _data_files(table: Path) -> set[Path]:
+    """The table's data and change-data files, committed or being written."""
+    return {p for p in table.rglob("*.parquet") if "_delta_log" not in p.parts}
+
+
+def _committed_files(table: Path) -> set[Path]:
+    """The files some commit of the table added (``add`` and ``cdc`` actions)."""
+    added = set()
+    for path in (table / "_delta_log").glob("*.json"):
+        for line in path.read_text().splitlines():
+            action = json.loads(line)
+            for kind in ("add", "cdc"):
+                if kind in action:
+                    added.add(table / unquote(action[kind]["path"]))
+    return added
+
+
+def _freeze_during_merge(leader: Stream, table: Path, app_id: str, token: int) -> tuple[int, int]:
+    """SIGSTOP ``leader``'s process tree while its next Delta batch writes its files, before its
+    commit: (the batch, its transaction version), the version -1 if the batch committed first.
+    """
+    offset = leader.log.stat().st_size
+    deadline = time.monotonic() + 180
+    while not (starts := list(_COMMITTING.finditer(_log_since(leader, offset)))):
+        leader.check_alive()
+        assert time.monotonic() < deadline, "no Delta batch started"
+        time.sleep(0.02)
+    batch, version = int(starts[0].group(1)), token << SEGMENT_BITS | int(starts[0].group(2))
+
+    def landed() -> bool:
+        return any(v == version for _, v in _txns(table / "_delta_log", app_id))
+
+    before, polls = _data_files(table), 0
+    while not _data_files(table) - before:  # the MERGE's last step: its files, then its commit
+        polls += 1
+        if polls % 50 == 0 and landed():
+            return batch, -1
+        leader.check_alive()
+        assert time.monotonic() < deadline, f"delta batch {batch} wrote no files"
+        time.sleep(0.01)
+    leader.freeze(True, tree=True)
+    return batch, -1 if landed() else version
+
+
+def test_a_leader_frozen_during_its_delta_commit_is_fenced_and_commits_nothing(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    spark: Any,
+    kafka_server: Any,
+    zookeeper_server: Any,
+    zk_path: str,
+) -> None:
+    """The leader's whole process tree (driver, Spark's JVM) SIGSTOPped while its Delta MERGE
+    writes its files, past its ZooKeeper session; the standby takes over, fences Delta and
+    commits a batch; the old leader's JVM, woken first, gets to its commit, which Delta's
+    conflict check refuses (the fence); the old leader exits non-zero, nothing of that batch
+    in Delta; the dump completes under the new leader, Delta and Kafka equal to the source,
+    no change twice, no key going back.
+
+    The freeze follows the batch's first new data file within ~10 ms, while its commit is
+    still to come. A freeze that came too late (the batch's transaction version already in
+    ``_delta_log``) is undone at once, well within the session, and tried on the next batch,
+    at most FREEZE_ATTEMPTS times; after that the test fails, it never passes without a
+    commit frozen in flight. The driver stays frozen until the JVM, woken, rests: otherwise
+    the driver's lease check may interrupt the MERGE before Delta's fence refuses it.
+    """
+    db = db_for(request, "mysql")
+    load(db, rows=5_000)
+    config_path = write_config(
+        db,
+        tmp_path,
+        500,
+        delay_ms=600,
+        kafka=kafka_server.bootstrap_servers,
+        zookeeper=zookeeper_server.connect_string(zk_path),
+    )
+    config = load_config(config_path)
+    store = MetadataStore(config.metadata_url)
+    table = Path(delta_path(config, db.table()))
+    app_id = f"dblog-{config.name}/segments"  # stream_job's Delta transaction app id
+    a, b = Stream(config_path, "a"), Stream(config_path, "b")
+
+    def leads(stream: Stream) -> bool:
+        state = store.stream_state(config.name)
+        assert stream.proc is not None
+        return state is not None and (state.leader or "").endswith(f":{stream.proc.pid}")
+
+    try:
+        a.start()
+        a.wait_capturing()
+        b.start()
+        until("b to wait", lambda: "standby" in b.log.read_text(), 120, b)
+        a_token = _lease_token(a)
+        with writers(db, pause_s=WRITER_PAUSE_S):
+            assert dblog(["dump", "-c", str(config_path), "--all"]) == 0
+            (dump,) = store.dumps(config.name)
+            until("a chunk", lambda: store.progress(dump.id).chunks_done >= 1, 300, a)
+            for attempt in range(1, FREEZE_ATTEMPTS + 1):
+                batch, in_flight = _freeze_during_merge(a, table, app_id, a_token)
+                if in_flight >= 0:
+                    break
+                print(f"freeze {attempt}: delta batch {batch} committed first")
+                a.freeze(False, tree=True)
+            else:
+                pytest.fail(f"{FREEZE_ATTEMPTS} Delta batches all committed before the freeze")
+            frozen_at = a.log.stat().st_size
+            written = _data_files(table) - _committed_files(table)
+            assert written, "the frozen MERGE wrote no files"
+            since = time.monotonic()
+            until("b to lead", lambda: leads(b), 120, b)
+            takeover_s = time.monotonic() - since
+            b_token = _lease_token(b)
+            assert b_token > a_token
+            until("a batch of b", lambda: bool(_COMMITTED.search(_log_since(b, 0))), 300, b)
+            driver_s = a.wake_spark_first()
+            assert a.proc is not None
+            assert a.proc.wait(120) != 0
+            woke = _log_since(a, frozen_at)
+            assert "another leader fenced the Delta table" in woke, woke[-3000:]
+            assert not _COMMITTED.search(woke), f"the deposed leader committed:\n{woke[-3000:]}"
+            txns = _txns(table / "_delta_log", app_id)
+            assert in_flight not in [v for _, v in txns], "the frozen batch landed"
+            (fenced_at,) = [t for t, v in txns if v == (b_token << SEGMENT_BITS) - 1]
+            late = [
+                (t, v)
+                for t, v in txns
+                if t > fenced_at
+                and v >> SEGMENT_BITS == a_token
+                and v & _FENCE_LOW_BITS != _FENCE_LOW_BITS
+            ]
+            assert not late, f"the deposed leader (token {a_token}) committed after the fence"
+            assert not written & _committed_files(table), "the frozen MERGE's files landed"
+            assert dblog(["set", "-c", str(config_path), "--delay-ms", "0"]) == 0
+            until("the dump", lambda: store.progress(dump.id).state == "done", 600, b)
+            time.sleep(2)
+        error = [line for line in woke.splitlines() if line.startswith("dblog: error:")]
+        print(
+            f"froze a in delta batch {batch} (attempt {attempt}), {len(written)} files written;"
+            f" b led after {takeover_s:.1f} s; a's driver woke {driver_s:.1f} s after its JVM;"
+            f" a: {error}"
+        )
+        _check_outputs(spark, config, db, b)
+        assert b.stop() == 0
+    finally:
+        for s in (a, b):
+            if s.proc is not None and s.proc.poll() is None:
+                s.freeze(False, tree=True)
                 s.stop()
 
 

@@ -92,6 +92,15 @@ def _concurrent_commit_errors() -> tuple[type[Exception], ...]:
     return ConcurrentAppendException, ConcurrentDeleteReadException, ConcurrentDeleteDeleteException
 
 
+def _fenced(table: TableId, write: str) -> FencedError:
+    """A deposed leader's write under way failed Delta's conflict check: the new one fenced."""
+    return FencedError(
+        f"another leader fenced the Delta table of {table} during this process's {write};"
+        " nothing of it was committed",
+        "nothing to do: this process was deposed and the new leader continues",
+    )
+
+
 def table_path(config: DeltaSinkConfig, table: TableId) -> str:
     """Where the sink keeps a source table: ``<sinks.delta.path>/<db>/<table>``."""
     return f"{config.path.rstrip('/')}/{table.db}/{table.table}"
@@ -287,11 +296,7 @@ class DeltaSink:
                     merge.execute()
                     return
                 except ConcurrentTransactionException:
-                    raise FencedError(
-                        f"another leader fenced the Delta table of {table} during this"
-                        " process's MERGE; nothing of it was committed",
-                        "nothing to do: this process was deposed and the new leader continues",
-                    ) from None
+                    raise _fenced(table, "MERGE") from None
                 except _concurrent_commit_errors() as err:
                     # `dblog optimize` committed first: nothing of ours was, so run it again
                     if attempt == MERGE_ATTEMPTS:
@@ -304,13 +309,18 @@ class DeltaSink:
             conf.unset(_TXN_VERSION)
 
     def _append(self, version: int, rows: DataFrame, table: TableId) -> None:
-        (
-            rows.write.format("delta")
-            .mode("append")
-            .option("txnAppId", self.app_id)
-            .option("txnVersion", version)
-            .save(self.table_path(table))
-        )
+        from delta.exceptions import ConcurrentTransactionException
+
+        try:
+            (
+                rows.write.format("delta")
+                .mode("append")
+                .option("txnAppId", self.app_id)
+                .option("txnVersion", version)
+                .save(self.table_path(table))
+            )
+        except ConcurrentTransactionException:
+            raise _fenced(table, "append") from None
 
     @staticmethod
     def _latest(events: DataFrame) -> DataFrame:

@@ -109,6 +109,14 @@ class BatchCommitter:
                 events = parsed.where(~F.col("footer")).select("seq", "e.*")
                 tables = sorted({table for f in footers for table in f["tables"]})
                 last = max(f["seq"] for f in footers)
+                log.info(
+                    "%s batch %d: committing segments %d-%d, %d events",
+                    self.sink.name,
+                    batch_id,
+                    min(f["seq"] for f in footers),
+                    last,
+                    count,
+                )
                 self.sink.write(last, FrameBatch(events, tables, dump_bounds(footers)))
             committed = self.progress.held(self.sink.name, footers)
             closed = sum(len(f["closed"]) for f in committed)

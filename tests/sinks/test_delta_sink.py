@@ -131,11 +131,14 @@ def test_a_deposed_leader_commits_nothing_once_the_new_leader_fenced_the_table(
     assert _state(new)[1]["qty"] == 7
 
 
+@pytest.mark.parametrize("dumped", [False, True], ids=["merge", "dump-append"])
 def test_a_deposed_leaders_merge_under_way_fails_when_the_new_leader_fences(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, dumped: bool
 ) -> None:
     """The fence lands while the old leader's MERGE runs (its source is slowed down by a UDF):
-    Delta's conflict check fails that commit, reported as fenced, and nothing of it lands."""
+    Delta's conflict check fails that commit, reported as fenced, and nothing of it lands.
+    Also a batch of dumped rows only, into a key range with no rows yet: an append, not a
+    MERGE, and the same conflict."""
     from pyspark.sql import functions as F
 
     config = DeltaSinkConfig(str(tmp_path / "delta"))
@@ -156,7 +159,8 @@ def test_a_deposed_leaders_merge_under_way_fails_when_the_new_leader_fences(
 
     def merge() -> None:
         try:
-            old.write(2, FrameBatch(frame, {str(TABLE)}))
+            bounds = {str(TABLE): (2, 11)} if dumped else None
+            old.write(2, FrameBatch(frame, {str(TABLE)}, bounds or {}))
         except BaseException as err:  # handed to the test thread
             failed.append(err)
 
