@@ -1,8 +1,9 @@
 """What the example DAGs need from their environment, kept out of the DAG files.
 
 The DAGs find the stream's config file in the ``DBLOG_CONFIG`` environment variable; without
-it they use the ``dblog_default`` connection, whose extra names the file. Reading the config
-at parse time only offers the table list to the trigger form; nothing connects anywhere.
+it they use the ``dblog_default`` connection (its "Config file" or "Config (YAML)" field).
+Reading the config at parse time only offers the table list to the trigger form and names
+the Assets a downstream DAG is scheduled on; nothing connects anywhere.
 """
 
 from __future__ import annotations
