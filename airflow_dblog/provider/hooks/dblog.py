@@ -57,6 +57,14 @@ class DblogHook(BaseHook):
     def progress(self, dump_id: int) -> Progress:
         return self.store.progress(dump_id)
 
+    def rows_by_table(self, dump_id: int) -> dict[str, int]:
+        """Rows a dump emitted per table (``db.table``), every table of the dump listed."""
+        rows = {t.table_name: 0 for t in self.store.dump_tables(dump_id)}
+        for chunk in self.store.chunks(dump_id):
+            if chunk.state == "done":
+                rows[chunk.table_name] = rows.get(chunk.table_name, 0) + chunk.rows_emitted
+        return rows
+
     def control(self, dump_id: int, action: str) -> str:
         return self.store.apply(dump_id, action).state
 
