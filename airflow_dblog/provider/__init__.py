@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_dblog import __version__
+from airflow_dblog.provider.connections import CONN_FIELDS, CONN_TYPE, HIDDEN_FIELDS
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -39,8 +40,12 @@ def get_provider_info() -> dict[str, Any]:
         ],
         "connection-types": [
             {
-                "connection-type": "dblog",
+                "connection-type": CONN_TYPE,
                 "hook-class-name": "airflow_dblog.provider.hooks.dblog.DblogHook",
+                "hook-name": "DBLog change data capture",
+                # Airflow 3.2+ renders the form from these, without importing the hook
+                "conn-fields": CONN_FIELDS,
+                "ui-field-behaviour": {"hidden-fields": HIDDEN_FIELDS},
             }
         ],
         "integrations": [

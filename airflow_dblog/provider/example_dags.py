@@ -1,13 +1,15 @@
 """What the example DAGs need from their environment, kept out of the DAG files.
 
 The DAGs find the stream's config file in the ``DBLOG_CONFIG`` environment variable; without
-it they use the ``dblog_default`` connection, whose extra names the file. Reading the config
-at parse time only offers the table list to the trigger form; nothing connects anywhere.
+it they use the ``dblog_default`` connection (its "Config file" or "Config (YAML)" field).
+Reading the config at parse time only offers the table list to the trigger form and names
+the Assets a downstream DAG is scheduled on; nothing connects anywhere.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from airflow_dblog.config import load_config
 from airflow_dblog.errors import DblogError
@@ -25,3 +27,16 @@ def captured_tables() -> list[str]:
         return [str(t) for t in load_config(path).source.tables]
     except DblogError:
         return []  # the first task reports the config problem with its one-line message
+
+
+def delta_table_assets() -> list[Any]:
+    """The Assets of the stream's Delta tables (what a downstream DAG waits for), or none."""
+    path = config_path()
+    if path is None:
+        return []
+    from airflow_dblog.provider.assets import dblog_assets
+
+    try:
+        return dblog_assets(load_config(path), sinks=("delta",))
+    except DblogError:
+        return []

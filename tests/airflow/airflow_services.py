@@ -109,10 +109,17 @@ class AirflowServices:
                     start_new_session=True,
                 )
 
-    def api(self, path: str, body: dict[str, Any] | None = None, method: str = "GET") -> Any:
-        """``/api/v2/<path>`` with an optional JSON ``body``; the parsed JSON answer."""
+    def api(
+        self,
+        path: str,
+        body: dict[str, Any] | None = None,
+        method: str = "GET",
+        prefix: str = "api/v2",
+    ) -> Any:
+        """``/api/v2/<path>`` (``prefix="ui"``: the UI's own API) with an optional JSON
+        ``body``; the parsed JSON answer."""
         request = urllib.request.Request(
-            f"{self.url}/api/v2/{path}",
+            f"{self.url}/{prefix}/{path}",
             data=None if body is None else json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
             method=method,

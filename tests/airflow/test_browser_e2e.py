@@ -7,10 +7,16 @@ MariaDB, and ``dblog stream`` writing Delta. The form offers two captured tables
 the table has rows in another region with the same ids, so a key that lost its second column
 would show up as a wrong row. A screenshot of the finished run goes to ``$DBLOG_ARTIFACTS``
 (default ``<repo>/test-artifacts``) for people and CI to look at.
+
+The same Airflow also shows, while the stream warms up, the ``dblog`` connection form as the UI
+reads it (the fields of the provider info's ``conn-fields``, the secret ones as passwords, and
+masked when a connection is read back), and after the run, that the backfill's Asset event
+started the downstream example DAG ``dblog_on_refresh`` for ``orders`` alone.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -30,6 +36,7 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 DAG_ID = "dblog_backfill"
+DOWNSTREAM_DAG_ID = "dblog_on_refresh"
 KEYS_TYPED = '[3, "eu"]\n{"id": 7, "region": "eu"}\n[42, "eu"]'
 WANTED = {(k, "eu"): k * 10 for k in (3, 7, 42)}
 RUN_TIMEOUT_S = 300
@@ -146,6 +153,52 @@ def wait_for_run(airflow: AirflowServices, stream: Stream) -> dict[str, Any]:
     pytest.fail(f"no finished run of {DAG_ID} after {RUN_TIMEOUT_S}s: {runs}")
 
 
+def check_connection_form(airflow: AirflowServices) -> None:
+    """The dblog type's form as the UI gets it, and a connection's secret read back masked.
+
+    (The path avoids the word "dblog": it is the services' database password here, which the
+    API server masks wherever it appears.)
+    """
+    types = {t["connection_type"]: t for t in airflow.api("connections/hook_meta", prefix="ui")}
+    dblog = types["dblog"]
+    fields = dblog["extra_fields"]
+    assert {name: f["schema"]["title"] for name, f in fields.items()} == {
+        "config": "Config file",
+        "config_yaml": "Config (YAML)",
+        "source_password": "Source password",
+        "metadata_password": "Metadata password",
+    }
+    secret = {name for name, f in fields.items() if f["schema"].get("format") == "password"}
+    assert secret == {"source_password", "metadata_password"}
+    assert fields["config_yaml"]["schema"]["format"] == "multiline"
+    assert (
+        dblog["standard_fields"]["host"]["hidden"]
+        and dblog["standard_fields"]["password"]["hidden"]
+    )
+    extra = {"config": "/opt/streams/inventory.yaml", "source_password": "Conn-secret-never-shown"}
+    airflow.api(
+        "connections",
+        {"connection_id": "dblog_form", "conn_type": "dblog", "extra": json.dumps(extra)},
+        method="POST",
+    )
+    read_back = json.loads(airflow.api("connections/dblog_form")["extra"])
+    assert read_back == {"config": "/opt/streams/inventory.yaml", "source_password": "***"}
+
+
+def wait_for_downstream_run(airflow: AirflowServices, timeout: float = 120) -> dict[str, Any]:
+    """The run of the downstream DAG the backfill's Asset event started, once finished."""
+    deadline = time.monotonic() + timeout
+    runs: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        airflow.check_alive()
+        runs = airflow.api(f"dags/{DOWNSTREAM_DAG_ID}/dagRuns")["dag_runs"]
+        if runs and all(r["state"] in ("success", "failed") for r in runs):
+            assert len(runs) == 1, runs
+            return runs[0]
+        time.sleep(2)
+    pytest.fail(f"no finished run of {DOWNSTREAM_DAG_ID} after {timeout:.0f}s: {runs}")
+
+
 def delta_rows(spark: Any, path: Path) -> dict[tuple[Any, ...], int]:
     df = spark.read.format("delta").load(str(path))
     return {(r["id"], r["region"]): r["total"] for r in df.collect()}
@@ -162,6 +215,10 @@ def test_backfill_triggered_from_the_browser_writes_the_three_keys_to_delta(
     screenshot = artifacts_dir() / "browser_e2e_backfill_run.png"
     started = time.monotonic()
     with airflow.logs_on_failure():
+        check_connection_form(airflow)  # while the stream warms up
+        airflow.wait_healthy(DOWNSTREAM_DAG_ID)
+        airflow.api(f"dags/{DOWNSTREAM_DAG_ID}", {"is_paused": False}, method="PATCH")
+        print(f"connection form checked after {time.monotonic() - started:.0f}s")
         stream.wait_capturing(240)
         print(f"stream ready after {time.monotonic() - started:.0f}s")
         try:
@@ -186,12 +243,22 @@ def test_backfill_triggered_from_the_browser_writes_the_three_keys_to_delta(
         finally:
             page.screenshot(path=str(screenshot), full_page=True)
         assert run["conf"] == {"table": table, "keys": KEYS_TYPED}
+        downstream = wait_for_downstream_run(airflow)
+        print(f"downstream run {downstream['state']} after {time.monotonic() - started:.0f}s")
+        sink = load_config(stream.config_path).delta
+        assert sink is not None
+        delta = Path(sink.path)
+        assert downstream["state"] == "success" and downstream["run_type"] == "asset_triggered"
+        events = airflow.api(
+            f"dags/{DOWNSTREAM_DAG_ID}/dagRuns/{downstream['dag_run_id']}/upstreamAssetEvents"
+        )["asset_events"]
+        assert [(e["uri"], e["source_dag_id"], e["source_task_id"]) for e in events] == [
+            (f"file://{delta}/{mysql_db.name}/orders", DAG_ID, "wait_for_backfill")
+        ]
+        assert events[0]["extra"]["rows_emitted"] == 3 and events[0]["extra"]["table"] == table
 
     assert screenshot.stat().st_size > 10_000
-    print(f"run page photographed after {time.monotonic() - started:.0f}s")
-    sink = load_config(stream.config_path).delta
-    assert sink is not None
-    delta = Path(sink.path)
+    print(f"screenshot checked after {time.monotonic() - started:.0f}s")
     assert delta_rows(spark, delta / mysql_db.name / "orders") == WANTED
     assert not (delta / mysql_db.name / "customers").exists()
     print(f"delta checked after {time.monotonic() - started:.0f}s")

@@ -33,9 +33,26 @@ def test_dags_import_without_errors_or_warnings(
     assert bag.import_errors == {}
     ours = [w for w in caught if str(DAGS) in str(w.filename) or "airflow_dblog" in str(w.filename)]
     assert ours == [], [str(w.message) for w in ours]
-    assert set(bag.dag_ids) == {"dblog_scheduled_dump", "dblog_backfill", "dblog_health"}
+    assert set(bag.dag_ids) == {
+        "dblog_scheduled_dump",
+        "dblog_backfill",
+        "dblog_health",
+        "dblog_on_refresh",
+    }
     table = bag.dags["dblog_backfill"].params.get_param("table")
+    timetable = bag.dags["dblog_on_refresh"].timetable
     if with_config:
         assert table.schema["enum"] == ["app.orders", "app.users"]
+        assert [a.uri for a in timetable.asset_condition.objects] == [
+            f"file://{tmp_path}/delta/app/orders",
+            f"file://{tmp_path}/delta/app/users",
+        ]
     else:
         assert "enum" not in table.schema
+        assert type(timetable).__name__ == "NullTimetable"  # no config, no Assets: manual only
+    for dag_id, task_id in [
+        ("dblog_backfill", "wait_for_backfill"),
+        ("dblog_scheduled_dump", "wait_for_dump"),
+    ]:
+        outlets = bag.dags[dag_id].get_task(task_id).outlets
+        assert [(type(o).__name__, o.name) for o in outlets] == [("AssetAlias", "dblog")]

@@ -1,8 +1,10 @@
 """The hook that owns a stream's config, its metadata store and its controls.
 
-A ``dblog`` Airflow connection names the stream's config file (field "Config file", stored in
-the connection's extra as ``config``); the source itself comes from the URL or Airflow
-connection id inside that file. Operators and sensors are thin: they call these methods.
+A ``dblog`` Airflow connection holds the stream's config: a file on the workers ("Config file",
+extra ``config``) or the YAML itself ("Config (YAML)", extra ``config_yaml``), plus the
+passwords it interpolates (see ``provider/connections.py``; the form is declared in the
+provider info). The source itself comes from the URL or Airflow connection id inside the
+config. Operators and sensors are thin: they call these methods.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from airflow_dblog.config import Config, load_config
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.metadata.store import Progress
 from airflow_dblog.engine.planner import plan_dump
-from airflow_dblog.errors import ConfigError, DblogError
+from airflow_dblog.errors import DblogError
 from airflow_dblog.provider.compat import BaseHook
+from airflow_dblog.provider.connections import config_from_extra
 from airflow_dblog.redact import redact
 
 
@@ -32,35 +35,12 @@ class DblogHook(BaseHook):
         self.dblog_conn_id = dblog_conn_id
         self._config_path = config_path
 
-    @classmethod
-    def get_connection_form_widgets(cls) -> dict[str, Any]:
-        from flask_appbuilder.fieldwidgets import BS3TextFieldWidget
-        from wtforms import StringField
-
-        return {
-            "config": StringField("Config file", widget=BS3TextFieldWidget()),
-        }
-
-    @classmethod
-    def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        return {
-            "hidden_fields": ["host", "schema", "login", "password", "port"],
-            "relabeling": {},
-            "placeholders": {"config": "/opt/dblog/inventory.yaml"},
-        }
-
     @cached_property
     def config(self) -> Config:
-        path = self._config_path
-        if path is None:
-            extra = self.get_connection(self.dblog_conn_id).extra_dejson
-            path = extra.get("config") or extra.get("extra__dblog__config")
-            if not path:
-                raise ConfigError(
-                    f"Airflow connection {self.dblog_conn_id!r} names no config file",
-                    'set its extra to {"config": "/path/to/dblog.yaml"}',
-                )
-        return load_config(path)
+        if self._config_path is not None:
+            return load_config(self._config_path)
+        extra = self.get_connection(self.dblog_conn_id).extra_dejson
+        return config_from_extra(extra, self.dblog_conn_id)
 
     @cached_property
     def store(self) -> MetadataStore:
@@ -76,6 +56,14 @@ class DblogHook(BaseHook):
 
     def progress(self, dump_id: int) -> Progress:
         return self.store.progress(dump_id)
+
+    def rows_by_table(self, dump_id: int) -> dict[str, int]:
+        """Rows a dump emitted per table (``db.table``), every table of the dump listed."""
+        rows = {t.table_name: 0 for t in self.store.dump_tables(dump_id)}
+        for chunk in self.store.chunks(dump_id):
+            if chunk.state == "done":
+                rows[chunk.table_name] = rows.get(chunk.table_name, 0) + chunk.rows_emitted
+        return rows
 
     def control(self, dump_id: int, action: str) -> str:
         return self.store.apply(dump_id, action).state

@@ -1,4 +1,12 @@
-"""Wait for a dump to finish, logging its progress; classic or deferrable."""
+"""Wait for a dump to finish, logging its progress; classic or deferrable.
+
+The sensor is the task that sees a dump's tables refreshed, so it announces them: one Asset
+event per Delta table and Kafka topic the dump wrote (``provider/assets.py`` names them),
+through an :class:`AssetAlias` (``asset_alias``, default ``"dblog"``) because the tables are
+known only at run time (the backfill form picks one). A DAG scheduled on such an Asset runs
+after every finished dump of its table. With the OpenLineage provider installed, the same
+places are the task's lineage: source tables in, Delta tables and topics out.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +14,17 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_dblog.core.events import TableId
 from airflow_dblog.engine.progress import progress_line
 from airflow_dblog.errors import DblogError
-from airflow_dblog.provider.compat import BaseSensorOperator, Context
+from airflow_dblog.provider.assets import openlineage_names, refreshed
+from airflow_dblog.provider.compat import (
+    Asset,
+    AssetAlias,
+    BaseSensorOperator,
+    Context,
+    openlineage_classes,
+)
 from airflow_dblog.provider.hooks.dblog import DblogHook
 from airflow_dblog.provider.triggers.dblog import DblogDumpTrigger
 
@@ -17,7 +33,15 @@ class DumpFailed(DblogError):
     """The dump ended failed or cancelled, or the stream stopped making progress."""
 
 
+DEFAULT_ASSET_ALIAS = "dblog"
+
+
 class DblogDumpSensor(BaseSensorOperator):
+    """Wait for dump ``dump_id``; on success emit an Asset event per place it refreshed.
+
+    ``asset_alias=None`` emits none. Returns the number of rows the dump emitted.
+    """
+
     template_fields: Sequence[str] = ("dump_id", "config_path")
 
     def __init__(
@@ -29,10 +53,17 @@ class DblogDumpSensor(BaseSensorOperator):
         deferrable: bool = True,
         stall_timeout_s: float = 1800.0,
         log_interval_s: float = 30.0,
+        asset_alias: str | None = DEFAULT_ASSET_ALIAS,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("poke_interval", 5.0)
+        if asset_alias:
+            outlets = kwargs.get("outlets") or []
+            outlets = list(outlets) if isinstance(outlets, (list, tuple)) else [outlets]
+            kwargs["outlets"] = [*outlets, AssetAlias(asset_alias)]
         super().__init__(**kwargs)
+        self.asset_alias = asset_alias
+        self._refreshed_tables: list[TableId] = []
         self.dump_id, self.dblog_conn_id, self.config_path = dump_id, dblog_conn_id, config_path
         self.deferrable, self.stall_timeout_s = deferrable, stall_timeout_s
         self.log_interval_s = log_interval_s
@@ -45,7 +76,8 @@ class DblogDumpSensor(BaseSensorOperator):
 
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
-            return super().execute(context)
+            super().execute(context)
+            return self._announce(context, int(self.dump_id))
         self.defer(
             trigger=DblogDumpTrigger(
                 self.hook.config.metadata_url,
@@ -85,4 +117,39 @@ class DblogDumpSensor(BaseSensorOperator):
             event["rows_emitted"],
             event["rows_dropped"],
         )
-        return int(event["rows_emitted"])
+        return self._announce(context, int(event["dump_id"]))
+
+    def _announce(self, context: Context, dump_id: int) -> int:
+        """The done dump's Asset events (via the alias) and lineage; its rows emitted."""
+        hook = self.hook
+        rows = hook.rows_by_table(dump_id)
+        self._refreshed_tables = [TableId.parse(t) for t in rows]
+        events = context.get("outlet_events") if self.asset_alias else None
+        if events is not None:
+            alias = events[AssetAlias(self.asset_alias)]
+            for place in refreshed(hook.config, self._refreshed_tables):
+                extra = {
+                    "stream": hook.config.name,
+                    "dump_id": dump_id,
+                    "table": str(place.table),
+                    "sink": place.sink,
+                    "rows_emitted": rows[str(place.table)],
+                }
+                alias.add(Asset(place.uri), extra=extra)
+                self.log.info("refreshed %s (%s rows)", place.uri, extra["rows_emitted"])
+        return sum(rows.values())
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Source tables in, Delta tables and Kafka topics out; None without the provider."""
+        classes = openlineage_classes()
+        if classes is None or not self._refreshed_tables:
+            return None
+        operator_lineage, dataset = classes
+        from airflow_dblog.sources import source_url
+
+        config = self.hook.config
+        inputs, outputs = openlineage_names(config, self._refreshed_tables, source_url(config))
+        return operator_lineage(
+            inputs=[dataset(namespace=ns, name=name) for ns, name in inputs],
+            outputs=[dataset(namespace=ns, name=name) for ns, name in outputs],
+        )
