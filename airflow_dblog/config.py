@@ -245,7 +245,13 @@ def _build(raw: dict[str, Any], base_dir: Path) -> Config:
         )
         dump.done()
     delta, kafka = _sinks(top.section("sinks"), base_dir)
-    checkpoint = str(_resolve_path(top.string("checkpoint"), base_dir))
+    checkpoint = _resolve_path(top.string("checkpoint"), base_dir)
+    if _URI.match(checkpoint):
+        raise ConfigError(
+            f"checkpoint {checkpoint} is not a local path: the stream's spool is written with"
+            " local file I/O (object-store checkpoints come with the Spark data plane)",
+            "set checkpoint to a local or mounted directory (sinks.delta.path may be a URI)",
+        )
     ha = None
     if ha_raw := top.section("ha", required=False):
         ha = HaConfig(
@@ -316,7 +322,7 @@ def _sinks(
     delta = kafka = None
     if d := sec.section("delta", required=False):
         delta = DeltaSinkConfig(
-            path=str(_resolve_path(d.string("path"), base_dir)),
+            path=_resolve_path(d.string("path"), base_dir),
             tombstone_retention_hours=d.integer("tombstone_retention_hours", 168, minimum=0),
         )
         d.done()
@@ -335,9 +341,18 @@ def _sinks(
     return delta, kafka
 
 
-def _resolve_path(value: str, base_dir: Path) -> Path:
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else (base_dir / path).resolve()
+_URI = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def _resolve_path(value: str, base_dir: Path) -> str:
+    """A URI (``s3a://``, ``abfss://``, ``gs://``, ``hdfs://``) stays as written, for Spark's
+    filesystem layer; ``file://`` and plain paths become absolute local paths, relative ones to
+    the config file."""
+    uri = _URI.match(value)
+    if uri and uri.group(1).lower() != "file":
+        return value
+    path = Path(value[len("file://") :] if uri else value).expanduser()
+    return str(path if path.is_absolute() else (base_dir / path).resolve())
 
 
 def _resolve_url(url: str, base_dir: Path) -> str:

@@ -44,6 +44,30 @@ def test_design_example_parses_with_paths_relative_to_the_file(tmp_path: Path) -
     assert config.dump.chunk_size == 10000
 
 
+@pytest.mark.parametrize(
+    ("written", "read"),
+    [
+        ("s3a://lake/cdc/delta", "s3a://lake/cdc/delta"),
+        ("abfss://c@acct.dfs.core.windows.net/delta", "abfss://c@acct.dfs.core.windows.net/delta"),
+        ("gs://lake/delta", "gs://lake/delta"),
+        ("hdfs://nn:8020/delta", "hdfs://nn:8020/delta"),
+        ("file:///srv/delta", "/srv/delta"),
+        ("./out/delta", "{dir}/out/delta"),
+    ],
+)
+def test_an_object_store_delta_path_stays_a_uri(tmp_path: Path, written: str, read: str) -> None:
+    file = tmp_path / "dblog.yaml"
+    file.write_text(VALID.replace("path: ./out/delta", f"path: {written!r}"))
+    config = load_config(file, env={"DB_PASSWORD": "pw"})
+    assert config.delta is not None and config.delta.path == read.format(dir=tmp_path)
+
+
+def test_an_object_store_checkpoint_is_refused_in_one_line() -> None:
+    text = VALID.replace("checkpoint: ./out/checkpoint", "checkpoint: s3a://lake/cdc/cp")
+    with pytest.raises(ConfigError, match=r"checkpoint s3a://lake/cdc/cp is not a local path"):
+        parse_config(text, env={"DB_PASSWORD": "pw"})
+
+
 def test_defaults_and_env_default_syntax() -> None:
     config = parse_config(
         textwrap.dedent(
