@@ -30,17 +30,6 @@ class TableSchema:
     columns: tuple[Column, ...]
     key: tuple[str, ...]  # primary key columns in index order
 
-    def key_of(self, row: Row) -> Key:
-        return tuple(row[c] for c in self.key)
-
-
-@dataclass(frozen=True)
-class SnapshotChunk:
-    """Rows read in a snapshot plus what the snapshot says about the log (``snapshot`` mode)."""
-
-    rows: list[tuple[Key, Row]]
-    window: dict[str, Any]  # serialised window (see airflow_dblog.core.window)
-
 
 class Source(Protocol):
     kind: str  # "mysql" | "postgres"

@@ -269,15 +269,6 @@ def _float_text(value: Any) -> Any:
     return value
 
 
-def _unsigned(bits: int) -> Callable[[Any], Any]:
-    def fix(value: Any) -> Any:
-        if isinstance(value, int) and value < 0:
-            return value + (1 << bits)
-        return value
-
-    return fix
-
-
 _UNSIGNED_BITS = {
     FIELD_TYPE.TINY: 8,
     FIELD_TYPE.SHORT: 16,

@@ -56,7 +56,7 @@ from psycopg2 import sql
 
 from airflow_dblog.core.events import Row, TableId
 from airflow_dblog.core.keys import MAX_KEYS_PER_CHUNK, check_arity, key_in_order
-from airflow_dblog.core.position import Position, int_to_lsn, lsn_to_int
+from airflow_dblog.core.position import Position, lsn_to_int
 from airflow_dblog.core.window import XidSnapshot
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.redact import redact
@@ -77,8 +77,7 @@ SESSION_OPTIONS = (
 )
 """GUCs of every connection (SELECTs and the walsender), so both sides print values alike."""
 
-BYTEA_OID = 17
-BYTEA_ARRAY_OID = 1001
+_BYTEA_OIDS = (17, 1001)  # bytea, bytea[]: psycopg2 returns memoryviews
 
 _INT_RANGES = {"int2": 16, "int4": 32, "int8": 64}
 _TEXT_TYPES = {"text", "varchar", "bpchar", "name", "citext"}
@@ -223,38 +222,16 @@ class SnapshotInfo:
     xip: frozenset[int]
     close_lsn: int
 
-    def visible(self, xid: int) -> bool:
-        """Whether the (committed) transaction ``xid`` is seen by the snapshot."""
-        return xid < self.xmax and xid not in self.xip
-
     @property
     def close_position(self) -> Position:
         """The first position that is certainly after the snapshot (see the class doc)."""
         return Position.postgres(self.close_lsn, 0)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "xmin": self.xmin,
-            "xmax": self.xmax,
-            "xip": sorted(self.xip),
-            "close_lsn": int_to_lsn(self.close_lsn),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> SnapshotInfo:
-        lsn = data["close_lsn"]
-        return cls(
-            int(data["xmin"]),
-            int(data["xmax"]),
-            frozenset(int(x) for x in data["xip"]),
-            lsn_to_int(lsn) if isinstance(lsn, str) else int(lsn),
-        )
-
     @classmethod
     def parse(cls, snapshot: str, close_lsn: int) -> SnapshotInfo:
         """From ``pg_current_snapshot()``'s text form ``xmin:xmax:xip,xip``."""
-        xmin, xmax, xip = snapshot.split(":")
-        return cls(int(xmin), int(xmax), frozenset(int(x) for x in xip.split(",") if x), close_lsn)
+        snap = XidSnapshot.parse(snapshot)
+        return cls(snap.xmin, snap.xmax, snap.xip, close_lsn)
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,10 +248,6 @@ class ColumnInfo:
     category: str  # pg_type.typcategory of the base type
     max_length: int | None  # varchar(n)/char(n)
     scale: int | None = None  # numeric(p, s)
-
-    @property
-    def is_bytea(self) -> bool:
-        return self.type_oid in (BYTEA_OID, BYTEA_ARRAY_OID)
 
 
 @dataclass(frozen=True)
@@ -582,14 +555,6 @@ class PostgresSource:
                 f"ALTER ROLE {self.settings.user} REPLICATION",
             )
 
-    def current_lsn(self) -> int:
-        """``pg_current_wal_lsn()``: the end of the WAL written so far (every commit before)."""
-        return lsn_to_int(str(self.query("SELECT pg_current_wal_lsn()::text")[0][0]))
-
-    def current_insert_lsn(self) -> int:
-        """``pg_current_wal_insert_lsn()``: includes records not yet written out."""
-        return lsn_to_int(str(self.query("SELECT pg_current_wal_insert_lsn()::text")[0][0]))
-
     def current_snapshot(self) -> XidSnapshot:
         """``pg_current_snapshot()`` now: its xmin is the horizon every later snapshot is above."""
         return XidSnapshot.parse(str(self.query("SELECT pg_current_snapshot()::text")[0][0]))
@@ -653,15 +618,6 @@ class PostgresSource:
                 ) from None
             raise
         return lsn_to_int(rows[0][0])
-
-    def drop_replication_slot(self, name: str, *, missing_ok: bool = True) -> bool:
-        """Drop a slot (slots hold WAL: drop the ones you no longer read)."""
-        if self.replication_slot(name) is None:
-            if missing_ok:
-                return False
-            raise SourceError(f"replication slot {name} does not exist on {self.where}")
-        self.query("SELECT pg_drop_replication_slot(%s)", (name,))
-        return True
 
     # -- tables -----------------------------------------------------------------------------
 
@@ -751,8 +707,8 @@ class PostgresSource:
         unchanged TOASTed values, need REPLICA IDENTITY FULL; ``before_images`` says what to do
         when a table has only DEFAULT: ``"ignore"``, ``"warn"`` (log) or ``"require"``
         (SourceError). dblog never changes a table's replica identity itself: that rewrites
-        nothing but makes every UPDATE/DELETE log the whole old row; see
-        :meth:`ensure_replica_identity_full` to do it deliberately.
+        nothing but makes every UPDATE/DELETE log the whole old row: the fix in the error and the
+        warning is an ``ALTER TABLE`` for the table's owner to run deliberately.
         """
         if before_images not in ("ignore", "warn", "require"):
             raise ValueError("before_images must be ignore, warn or require")
@@ -776,11 +732,6 @@ class PostgresSource:
                     raise SourceError(problem, fix)
                 log.warning("%s; %s", problem, fix)
         return found
-
-    def ensure_replica_identity_full(self, table: TableId) -> None:
-        """``ALTER TABLE ... REPLICA IDENTITY FULL`` (explicit only: never done implicitly)."""
-        self.query(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(self._ident(table)))
-        self.table_info(table, refresh=True)
 
     # -- keyset SQL -------------------------------------------------------------------------
 
@@ -854,7 +805,7 @@ class PostgresSource:
     def _fetch_rows(self, cur: psycopg2.extensions.cursor, table: TableId) -> list[tuple[Key, Row]]:
         info = self.table_info(table)
         names = [d.name for d in cur.description]
-        bytea = [i for i, d in enumerate(cur.description) if d.type_code in (17, 1001)]
+        bytea = [i for i, d in enumerate(cur.description) if d.type_code in _BYTEA_OIDS]
         index = [names.index(k) for k in info.schema.key]
         out: list[tuple[Key, Row]] = []
         for record in cur.fetchall():
@@ -866,7 +817,7 @@ class PostgresSource:
         return out
 
     def _fetch_keys(self, cur: psycopg2.extensions.cursor) -> list[Key]:
-        bytea = [i for i, d in enumerate(cur.description) if d.type_code in (17, 1001)]
+        bytea = [i for i, d in enumerate(cur.description) if d.type_code in _BYTEA_OIDS]
         rows = cur.fetchall()
         if not bytea:
             return [tuple(r) for r in rows]
