@@ -221,11 +221,6 @@ class WatermarkMerge:
         """False while changes a window may need were dropped (or predate a restart)."""
         return self._lost is None
 
-    @property
-    def last_position(self) -> Position | None:
-        """The last change or watermark event fed (or ``start``)."""
-        return self._last_position
-
     # ------------------------------------------------------------------------------- log
 
     def feed(self, item: LogItem) -> list[ChangeEvent]:
