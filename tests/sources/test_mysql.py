@@ -147,7 +147,7 @@ def test_next_bound_cuts_chunks_that_cover_the_table(
 def test_keyset_sql_is_a_range_scan_on_primary(
     db: Db, source: MysqlSource, composite: TableId
 ) -> None:
-    sql, params = source.range_sql(composite, (1, "banana"), (2, "eclairs"), 10)
+    sql, params = source.chunk_sql(composite, (1, "banana"), (2, "eclairs"), 10)
     plan = explain(db, sql, params)
     assert plan[0]["key"] == "PRIMARY"
     assert plan[0]["type"] == "range", plan
