@@ -214,10 +214,7 @@ class SqlSource(Generic[Snap]):
     # -- snapshot chunks -------------------------------------------------------------------
 
     def _snapshot(
-        self,
-        table: TableId,
-        build: Callable[[], list[Statement]],
-        on_snapshot: Callable[[Snap], None] | None,
+        self, table: TableId, build: Callable[[], list[Statement]]
     ) -> tuple[list[tuple[Key, Row]], Snap]:
         """The statements ``build`` returns, all in one snapshot transaction."""
         self._check_snapshot()
@@ -229,8 +226,6 @@ class SqlSource(Generic[Snap]):
                 cur.execute(statement)
             try:
                 seen = self._read_snapshot(cur)
-                if on_snapshot is not None:
-                    on_snapshot(seen)
                 rows = []
                 for sql, params in statements:
                     cur.execute(sql, params)
@@ -250,26 +245,13 @@ class SqlSource(Generic[Snap]):
         return result
 
     def snapshot_select_range(
-        self,
-        table: TableId,
-        lower: Key | None,
-        upper: Key,
-        limit: int,
-        on_snapshot: Callable[[Snap], None] | None = None,
+        self, table: TableId, lower: Key | None, upper: Key, limit: int
     ) -> tuple[list[tuple[Key, Row]], Snap]:
-        """Keyset page in one snapshot, plus what the snapshot saw (see the source's module).
-
-        ``on_snapshot`` runs after the snapshot is taken and before the SELECT (for tests).
-        """
-        return self._snapshot(
-            table, lambda: [self.chunk_sql(table, lower, upper, limit)], on_snapshot
-        )
+        """Keyset page in one snapshot, plus what the snapshot saw (:meth:`_read_snapshot`)."""
+        return self._snapshot(table, lambda: [self.chunk_sql(table, lower, upper, limit)])
 
     def snapshot_select_keys(
-        self,
-        table: TableId,
-        keys: Sequence[Key],
-        on_snapshot: Callable[[Snap], None] | None = None,
+        self, table: TableId, keys: Sequence[Key]
     ) -> tuple[list[tuple[Key, Row]], Snap]:
         """``select_keys`` in one snapshot, plus what the snapshot saw."""
         if len(keys) > MAX_KEYS_PER_CHUNK:
@@ -277,4 +259,4 @@ class SqlSource(Generic[Snap]):
                 f"{len(keys)} keys in one snapshot chunk",
                 f"key-list chunks hold at most {MAX_KEYS_PER_CHUNK} keys",
             )
-        return self._snapshot(table, lambda: self._key_batches(table, keys), on_snapshot)
+        return self._snapshot(table, lambda: self._key_batches(table, keys))

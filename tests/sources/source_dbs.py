@@ -4,6 +4,8 @@ tests."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg2
@@ -16,6 +18,7 @@ from airflow_dblog.errors import SourceError
 from airflow_dblog.sources.base import ChangelogReader
 from airflow_dblog.sources.mysql import parse_mysql_url
 from airflow_dblog.sources.postgres import PostgresSource, SnapshotInfo, parse_postgres_url
+from airflow_dblog.sources.sql import SqlSource
 
 
 class _Db:
@@ -98,6 +101,24 @@ def read_changes(reader: ChangelogReader, want: int, budget_s: float = 30.0) -> 
         assert time.monotonic() < deadline, f"{len(got)} of {want} changes: {got}"
         got += [i for i in reader.read(want - len(got), 1.0) if isinstance(i, ChangeEvent)]
     return got
+
+
+@contextmanager
+def after_snapshot(source: SqlSource[Any], hook: Callable[[Any], None]) -> Iterator[None]:
+    """In the block, ``hook(seen)`` runs in each snapshot chunk of ``source`` right after the
+    snapshot is taken, before the SELECTs (``seen``: what the snapshot saw, as returned)."""
+    read = source._read_snapshot
+
+    def read_then_hook(cur: Any) -> Any:
+        seen = read(cur)
+        hook(seen)
+        return seen
+
+    source._read_snapshot = read_then_hook  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del source._read_snapshot
 
 
 def current_lsn(source: PostgresSource) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 import pymysql
 import pytest
 from source_dbs import MysqlDb as Db
+from source_dbs import after_snapshot
 
 from airflow_dblog.core.events import TableId
 from airflow_dblog.core.keys import from_json, to_json
@@ -354,9 +355,8 @@ def test_snapshot_select_sees_exactly_the_binlog_up_to_its_position(
 
     source_two = MysqlSource(db.url)
     try:
-        rows, position = source.snapshot_select_range(
-            db.table("snap"), None, (10,), 100, on_snapshot=write_after_snapshot
-        )
+        with after_snapshot(source, write_after_snapshot):
+            rows, position = source.snapshot_select_range(db.table("snap"), None, (10,), 100)
     finally:
         writer.close()
         source_two.close()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from source_dbs import PostgresDb as Db
-from source_dbs import current_insert_lsn, drop_replication_slot, visible
+from source_dbs import after_snapshot, current_insert_lsn, drop_replication_slot, visible
 
 from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.core.keys import from_json, to_json
@@ -518,7 +518,8 @@ def test_snapshot_select_sees_exactly_its_snapshot(db: Db, source: PostgresSourc
         other.close()
         open_tx.commit()
 
-    rows, info = source.snapshot_select_range(T, None, (100,), 100, on_snapshot=concurrent)
+    with after_snapshot(source, concurrent):
+        rows, info = source.snapshot_select_range(T, None, (100,), 100)
     open_tx.close()
     assert {k[0]: r["v"] for k, r in rows} == {i: "old" for i in range(1, 11)}
     assert info.close_lsn >= before
@@ -550,7 +551,8 @@ def test_snapshot_visible_changes_commit_before_close_lsn(db: Db, source: Postgr
             db.execute("INSERT INTO items VALUES (100, 'invisible')")
             db.execute("UPDATE items SET v = 'invisible' WHERE id = 0")
 
-        rows, info = source.snapshot_select_range(T, None, (1000,), 1000, on_snapshot=concurrent)
+        with after_snapshot(source, concurrent):
+            rows, info = source.snapshot_select_range(T, None, (1000,), 1000)
         db.execute("INSERT INTO items VALUES (101, 'after')")
         events: list[ChangeEvent] = []
         deadline = 50
