@@ -403,11 +403,12 @@ def coerce_value(col: ColumnInfo, value: Any) -> Any:
     return value
 
 
-def _convert_bytea(value: Any) -> Any:
+def bytes_deep(value: Any) -> Any:
+    """psycopg2's ``memoryview`` for bytea as ``bytes``, also inside arrays (SELECT and WAL)."""
     if isinstance(value, memoryview):
         return value.tobytes()
     if isinstance(value, list):
-        return [_convert_bytea(v) for v in value]
+        return [bytes_deep(v) for v in value]
     return value
 
 
@@ -780,7 +781,7 @@ class PostgresSource(SqlSource[SnapshotInfo]):
             if bytea:
                 record = list(record)
                 for i in bytea:
-                    record[i] = _convert_bytea(record[i])
+                    record[i] = bytes_deep(record[i])
             out.append((tuple(record[i] for i in index), dict(zip(names, record, strict=True))))
         return out
 
@@ -789,9 +790,7 @@ class PostgresSource(SqlSource[SnapshotInfo]):
         rows = cur.fetchall()
         if not bytea:
             return [tuple(r) for r in rows]
-        return [
-            tuple(_convert_bytea(v) if i in bytea else v for i, v in enumerate(r)) for r in rows
-        ]
+        return [tuple(bytes_deep(v) if i in bytea else v for i, v in enumerate(r)) for r in rows]
 
     # -- Source protocol --------------------------------------------------------------------
 

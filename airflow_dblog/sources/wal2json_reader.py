@@ -87,6 +87,7 @@ from airflow_dblog.sources.postgres import (
     WATERMARK_TABLE_ID,
     ConnectionSettings,
     PostgresSource,
+    bytes_deep,
     connect_error,
     parse_postgres_url,
 )
@@ -130,14 +131,6 @@ def _to_decimal(value: Any) -> decimal.Decimal:
 
 def _from_hex(value: str) -> bytes:
     return bytes.fromhex(value)
-
-
-def _bytes_deep(value: Any) -> Any:
-    if isinstance(value, memoryview):
-        return value.tobytes()
-    if isinstance(value, list):
-        return [_bytes_deep(v) for v in value]
-    return value
 
 
 _CHANGE_FIELDS = (
@@ -741,7 +734,7 @@ class Wal2jsonReader:
 
             def cast_domain(value: Any) -> Any:
                 text = value if isinstance(value, str) else str(value)
-                return _bytes_deep(domain_caster(text, cursor))
+                return bytes_deep(domain_caster(text, cursor))
 
             return cast_domain
         if base in _INT_OIDS or base == _BOOL_OID:
@@ -762,7 +755,7 @@ class Wal2jsonReader:
         cursor = self._cur
 
         def cast(value: Any) -> Any:
-            return _bytes_deep(caster(value if isinstance(value, str) else str(value), cursor))
+            return bytes_deep(caster(value if isinstance(value, str) else str(value), cursor))
 
         return cast
 
