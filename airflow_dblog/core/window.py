@@ -94,10 +94,6 @@ class Window:
         return self.kind
 
 
-def _reached(item: LogItem, close_at: Position) -> bool:
-    return item.position.log_part() >= close_at.log_part()
-
-
 def later_xid(a: int, b: int) -> int:
     """The later of two transaction ids, each 32-bit (wal2json) or xid8.
 
@@ -229,8 +225,21 @@ def widen_xid(xid: int, reference: int) -> int:
     return widened if widened >= 0 else xid
 
 
+class ReadOnlyWindow(Window):
+    """A window of a read-only strategy: it ends at ``close_at``, a log position read after
+    the SELECT, and the rows go out before the first log item at or past it."""
+
+    close_at: Position
+
+    def closes_before(self, item: LogItem) -> bool:
+        return item.position.log_part() >= self.close_at.log_part()
+
+    def fallback_position(self) -> Position | None:
+        return self.close_at
+
+
 @dataclass(frozen=True)
-class SnapshotXidWindow(Window):
+class SnapshotXidWindow(ReadOnlyWindow):
     """PostgreSQL ``snapshot`` strategy: changes whose transaction the SELECT could not see.
 
     ``xmin:xmax:xip`` is ``pg_current_snapshot()`` taken in the chunk's REPEATABLE READ
@@ -264,18 +273,12 @@ class SnapshotXidWindow(Window):
     def forgettable(self, change: Change) -> bool:
         return self.snapshot.older(change)
 
-    def closes_before(self, item: LogItem) -> bool:
-        return _reached(item, self.close_at)
-
-    def fallback_position(self) -> Position | None:
-        return self.close_at
-
     def describe(self) -> str:
         return f"snapshot({self.xmin}:{self.xmax}:{len(self.xip)} in progress)"
 
 
 @dataclass(frozen=True)
-class GtidWindow(Window):
+class GtidWindow(ReadOnlyWindow):
     """Read-only ``gtid`` strategy: changes that committed after the low GTID set was read.
 
     ``low`` is read before the SELECT, ``high`` after it, ``close_at`` (the binlog position)
@@ -310,20 +313,17 @@ class GtidWindow(Window):
         return change.gtid is not None and self.low.contains(change.gtid)  # sets only grow
 
     def closes_before(self, item: LogItem) -> bool:
-        if _reached(item, self.close_at):
+        if super().closes_before(item):
             return True
         gtid = item.gtid if isinstance(item, ChangeEvent) else None
         return gtid is not None and not self.high.contains(gtid)
-
-    def fallback_position(self) -> Position | None:
-        return self.close_at
 
     def describe(self) -> str:
         return f"gtid({self.low}..{self.high})"
 
 
 @dataclass(frozen=True)
-class PositionWindow(Window):
+class PositionWindow(ReadOnlyWindow):
     """MariaDB ``snapshot`` strategy: the SELECT saw the binlog exactly up to ``start``.
 
     ``start`` comes from ``binlog_snapshot_file/position`` in the chunk's consistent-snapshot
@@ -347,12 +347,6 @@ class PositionWindow(Window):
 
     def forgettable(self, change: Change) -> bool:
         return change.position.log_part() <= self.start.log_part()  # later snapshots: later
-
-    def closes_before(self, item: LogItem) -> bool:
-        return _reached(item, self.close_at)
-
-    def fallback_position(self) -> Position | None:
-        return self.close_at
 
     def describe(self) -> str:
         return f"position({self.start}..{self.close_at})"
