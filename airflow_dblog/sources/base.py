@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from airflow_dblog.core.events import LogItem, Row, TableId
 
 Key = tuple[Any, ...]
 Offset = dict[str, Any]  # JSON-able resume token of a reader
+C = TypeVar("C", bound="Closeable")
 
 
 @dataclass(frozen=True)
@@ -92,3 +93,30 @@ class ChangelogReader(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class Closeable:
+    """Sources and readers: ``with`` closes them."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: C) -> C:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class StreamReader(Closeable):
+    """What the binlog and WAL readers share: ``close`` ends the log stream, then the
+    connection of the reader's ``source`` (its catalog questions)."""
+
+    source: Any
+
+    def _close_stream(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._close_stream()
+        self.source.close()

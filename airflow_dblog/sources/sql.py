@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from airflow_dblog.core.events import Row, TableId
 from airflow_dblog.core.keys import MAX_KEYS_PER_CHUNK, key_in_order
 from airflow_dblog.errors import InputError
-from airflow_dblog.sources.base import Key, TableSchema
+from airflow_dblog.sources.base import Closeable, Key, TableSchema
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,6 @@ exceeds the server's stack depth (PostgreSQL, composite keys); a snapshot spans 
 
 Statement = tuple[Any, list[Any]]  # SQL (text or composed) and its parameters
 Snap = TypeVar("Snap")  # what a snapshot chunk's snapshot saw: a binlog Position, a SnapshotInfo
-S = TypeVar("S", bound="SqlSource[Any]")
 
 
 def is_integral(value: Any) -> bool:
@@ -41,7 +40,7 @@ def is_integral(value: Any) -> bool:
     )
 
 
-class SqlSource(Generic[Snap]):
+class SqlSource(Closeable, Generic[Snap]):
     """The connection handling and the Source methods MySQL and PostgreSQL spell alike."""
 
     product: ClassVar[str]  # "MySQL", "PostgreSQL": log lines
@@ -144,12 +143,6 @@ class SqlSource(Generic[Snap]):
 
     def close(self) -> None:
         self._drop_connection()
-
-    def __enter__(self: S) -> S:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- tables and keys -------------------------------------------------------------------
 

@@ -81,7 +81,7 @@ from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, Row, Tabl
 from airflow_dblog.core.position import Position, int_to_lsn, lsn_to_int
 from airflow_dblog.errors import SourceError
 from airflow_dblog.redact import redact
-from airflow_dblog.sources.base import Offset
+from airflow_dblog.sources.base import Offset, StreamReader
 from airflow_dblog.sources.postgres import (
     SESSION_OPTIONS,
     WATERMARK_TABLE_ID,
@@ -243,7 +243,7 @@ def parse_offset(offset: Offset) -> tuple[Position | None, int]:
         ) from None
 
 
-class Wal2jsonReader:
+class Wal2jsonReader(StreamReader):
     """``ChangelogReader`` over a wal2json logical replication slot (see the module doc)."""
 
     lineage_epoch = 0  # LSNs go on across a promotion (a new timeline): see _check_lineage
@@ -643,16 +643,6 @@ class Wal2jsonReader:
                     raise connect_error(self.settings, err) from None
                 self._reconnect(err)
         self._acked = flush
-
-    def close(self) -> None:
-        self._close_stream()
-        self.source.close()
-
-    def __enter__(self) -> Wal2jsonReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- decoding ---------------------------------------------------------------------------
 
