@@ -10,7 +10,7 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from airflow_dblog.config import Config, load_config
 from airflow_dblog.core.events import TableId
@@ -18,8 +18,6 @@ from airflow_dblog.core.keys import parse_keys
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.errors import ConfigError, DblogError, InputError
 from airflow_dblog.redact import redact
-
-Handler = Callable[[argparse.Namespace], int]
 
 
 def _config_arg(parser: argparse.ArgumentParser) -> None:

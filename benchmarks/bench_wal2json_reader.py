@@ -158,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         for slot in slots:
             for _ in range(50):
                 try:
-                    source.drop_replication_slot(slot)
+                    source.query(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                        " WHERE slot_name = %s",
+                        (slot,),
+                    )
                     break
                 except Exception:
                     time.sleep(0.1)

@@ -21,18 +21,14 @@ by the source's horizon (:meth:`~WatermarkMerge.forget`); if it ever has to drop
 still needed (``history_limit``), windows that judge the past are refused with
 :class:`HistoryLost` until the horizon has passed them, and the chunk is selected again.
 
-The state (open windows, rows, keys seen; not the memory) round-trips through a JSON-able dict so
-a streaming job can checkpoint it between micro-batches. Pure logic: no I/O, no clock.
+The state lives in memory only, nothing of it is checkpointed: a restarted stream starts a new
+merge (``unknown_past``) and selects its chunks in flight again. Pure logic: no I/O, no clock.
 """
 
 from __future__ import annotations
 
-import base64
-import datetime as dt
-import decimal
-import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +40,6 @@ from airflow_dblog.errors import DblogError
 Key = tuple[Any, ...]
 Rows = Sequence[tuple[Sequence[Any], Row]]
 
-_STATE_VERSION = 1
 _MAX_COORD = 2**64 - 1
 
 
@@ -216,12 +211,6 @@ class WatermarkMerge:
     def open_count(self) -> int:
         return len(self._open)
 
-    def open_chunk_ids(self) -> list[int]:
-        return list(self._open)
-
-    def is_open(self, chunk_id: int) -> bool:
-        return chunk_id in self._open
-
     def pop_closed(self) -> list[ClosedChunk]:
         """Chunks closed since the last call, in closing order."""
         closed, self._closed = self._closed, []
@@ -231,11 +220,6 @@ class WatermarkMerge:
     def remembers_all(self) -> bool:
         """False while changes a window may need were dropped (or predate a restart)."""
         return self._lost is None
-
-    @property
-    def last_position(self) -> Position | None:
-        """The last change or watermark event fed (or ``start``)."""
-        return self._last_position
 
     # ------------------------------------------------------------------------------- log
 
@@ -270,12 +254,6 @@ class WatermarkMerge:
                 if not chunk.opened:
                     raise _unopened(chunk, item)
                 out.extend(self._close(chunk, item.position))
-        return out
-
-    def feed_all(self, items: Iterable[LogItem]) -> list[ChangeEvent]:
-        out: list[ChangeEvent] = []
-        for item in items:
-            out.extend(self.feed(item))
         return out
 
     def _check_order(self, item: ChangeEvent | WatermarkEvent) -> None:
@@ -362,94 +340,6 @@ class WatermarkMerge:
         except KeyError:
             raise MergeError(f"chunk {chunk_id} is not open in the merge") from None
 
-    # ----------------------------------------------------------------------------- state
-
-    def to_dict(self) -> dict[str, Any]:
-        """The whole state as JSON-able values (row values are tagged to survive the trip)."""
-        return {
-            "version": _STATE_VERSION,
-            "last_position": _pos_out(self._last_position),
-            "last_ts_ms": self._last_ts,
-            "dump_base": _pos_out(self._dump_base),
-            "dump_next": self._dump_next,
-            "chunks": [
-                {
-                    "chunk_id": c.chunk_id,
-                    "dump_id": c.dump_id,
-                    "table": {"db": c.table.db, "table": c.table.table},
-                    "window": c.window.to_dict(),
-                    "opened": c.opened,
-                    "rows": None
-                    if c.rows is None
-                    else [[encode_value(list(k)), encode_value(r)] for k, r in c.rows.items()],
-                    "changed": None
-                    if c.changed is None
-                    else [encode_value(list(k)) for k in c.changed],
-                    "selected": c.selected,
-                    "dropped": c.dropped,
-                    "ts_ms": c.ts_ms,
-                }
-                for c in self._open.values()
-            ],
-            "closed": [
-                {
-                    "chunk_id": c.chunk_id,
-                    "dump_id": c.dump_id,
-                    "table": {"db": c.table.db, "table": c.table.table},
-                    "selected": c.selected,
-                    "dropped": c.dropped,
-                    "emitted": c.emitted,
-                    "position": str(c.position),
-                    "first_index": c.first_index,
-                }
-                for c in self._closed
-            ],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> WatermarkMerge:
-        if data.get("version") != _STATE_VERSION:
-            raise MergeError(
-                f"merge state version {data.get('version')!r} is not {_STATE_VERSION}",
-                "start from a checkpoint written by this version of airflow-dblog",
-            )
-        merge = cls(_pos_in(data["last_position"]))
-        merge._last_ts = int(data["last_ts_ms"])
-        merge._dump_base = _pos_in(data["dump_base"])
-        merge._dump_next = int(data["dump_next"])
-        for c in data["chunks"]:
-            rows = c["rows"]
-            changed = c["changed"]
-            chunk = _Chunk(
-                chunk_id=c["chunk_id"],
-                dump_id=c["dump_id"],
-                table=TableId(c["table"]["db"], c["table"]["table"]),
-                window=Window.from_dict(c["window"]),
-                opened=bool(c["opened"]),
-                rows=None
-                if rows is None
-                else {tuple(decode_value(k)): decode_value(r) for k, r in rows},
-                changed=None if changed is None else {tuple(decode_value(k)) for k in changed},
-                selected=int(c["selected"]),
-                dropped=int(c["dropped"]),
-                ts_ms=c["ts_ms"],
-            )
-            merge._open[chunk.chunk_id] = chunk
-        merge._closed = [
-            ClosedChunk(
-                c["chunk_id"],
-                c["dump_id"],
-                TableId(c["table"]["db"], c["table"]["table"]),
-                c["selected"],
-                c["dropped"],
-                c["emitted"],
-                Position.parse(c["position"]),
-                c["first_index"],
-            )
-            for c in data["closed"]
-        ]
-        return merge
-
 
 def _unopened(chunk: _Chunk, item: LogItem) -> WindowError:
     return WindowError(
@@ -469,127 +359,3 @@ def _just_before(position: Position) -> Position:
             coords[i + 1 :] = [_MAX_COORD] * (len(coords) - i - 1)
             return Position((*coords, 0))
     raise MergeError(f"no position exists before {position} to place dumped rows at")
-
-
-def _pos_out(position: Position | None) -> str | None:
-    return None if position is None else str(position)
-
-
-def _pos_in(text: str | None) -> Position | None:
-    return None if text is None else Position.parse(text)
-
-
-# ----------------------------------------------------------------------- value codec (state)
-
-_TAG = "$dblog"
-
-
-def encode_value(value: Any) -> Any:
-    """A row or key value as JSON-able data; types JSON lacks are tagged ``{"$dblog": type}``."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, list):
-        return [encode_value(v) for v in value]
-    if isinstance(value, dict):
-        body = {str(k): encode_value(v) for k, v in value.items()}
-        return {_TAG: "dict", "v": body} if _TAG in body else body
-    if isinstance(value, tuple):
-        return {_TAG: "tuple", "v": [encode_value(v) for v in value]}
-    if isinstance(value, decimal.Decimal):
-        return {_TAG: "decimal", "v": str(value)}
-    if isinstance(value, dt.datetime):
-        return {_TAG: "datetime", "v": value.isoformat()}
-    if isinstance(value, dt.date):
-        return {_TAG: "date", "v": value.isoformat()}
-    if isinstance(value, dt.time):
-        return {_TAG: "time", "v": value.isoformat()}
-    if isinstance(value, dt.timedelta):
-        return {_TAG: "timedelta", "v": [value.days, value.seconds, value.microseconds]}
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return {_TAG: "bytes", "v": base64.b64encode(bytes(value)).decode("ascii")}
-    if isinstance(value, uuid.UUID):
-        return {_TAG: "uuid", "v": str(value)}
-    if isinstance(value, (set, frozenset)):
-        return {_TAG: "set", "v": [encode_value(v) for v in sorted(value, key=repr)]}
-    raise TypeError(f"cannot checkpoint a value of type {type(value).__name__}: {value!r}")
-
-
-_DECODERS: dict[str, Any] = {
-    "tuple": lambda v: tuple(decode_value(x) for x in v),
-    "decimal": decimal.Decimal,
-    "datetime": dt.datetime.fromisoformat,
-    "date": dt.date.fromisoformat,
-    "time": dt.time.fromisoformat,
-    "timedelta": lambda v: dt.timedelta(days=v[0], seconds=v[1], microseconds=v[2]),
-    "bytes": lambda v: base64.b64decode(v),
-    "uuid": uuid.UUID,
-    "set": lambda v: {decode_value(x) for x in v},
-    "dict": lambda v: {k: decode_value(x) for k, x in v.items()},
-}
-
-
-def decode_value(data: Any) -> Any:
-    """Undo :func:`encode_value`."""
-    if isinstance(data, list):
-        return [decode_value(v) for v in data]
-    if isinstance(data, dict):
-        tag = data.get(_TAG)
-        if isinstance(tag, str) and set(data) == {_TAG, "v"} and tag in _DECODERS:
-            return _DECODERS[tag](data["v"])
-        return {k: decode_value(v) for k, v in data.items()}
-    return data
-
-
-# ----------------------------------------------------------------------- pure convenience
-
-
-@dataclass(frozen=True)
-class ChunkSpec:
-    """A chunk for :func:`merge`: registered where it appears (or up front), rows optional."""
-
-    chunk_id: int
-    dump_id: int
-    table: TableId
-    window: Window
-    rows: Rows | None = None
-    ts_ms: int | None = None
-
-
-@dataclass(frozen=True)
-class ChunkRows:
-    """Rows for a chunk registered earlier, supplied where this appears among the items."""
-
-    chunk_id: int
-    rows: Rows
-    ts_ms: int | None = None
-
-
-def merge(
-    log_items: Iterable[LogItem | ChunkSpec | ChunkRows],
-    chunks: Iterable[ChunkSpec] = (),
-    *,
-    start: Position | None = None,
-) -> list[ChangeEvent]:
-    """Run a fresh :class:`WatermarkMerge` over a whole log; the output in emit order.
-
-    ``chunks`` are registered before the first item; a :class:`ChunkSpec` or :class:`ChunkRows`
-    among ``log_items`` is applied at that point, so tests can place registrations exactly.
-    """
-    state = WatermarkMerge(start)
-    out: list[ChangeEvent] = []
-
-    def register(spec: ChunkSpec) -> None:
-        state.open_chunk(spec.chunk_id, spec.dump_id, spec.table, spec.window)
-        if spec.rows is not None:
-            state.set_rows(spec.chunk_id, spec.rows, spec.ts_ms)
-
-    for spec in chunks:
-        register(spec)
-    for item in log_items:
-        if isinstance(item, ChunkSpec):
-            register(item)
-        elif isinstance(item, ChunkRows):
-            state.set_rows(item.chunk_id, item.rows, item.ts_ms)
-        else:
-            out.extend(state.feed(item))
-    return out

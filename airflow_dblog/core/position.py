@@ -16,9 +16,6 @@ every position of the old one. It is 0 until then, so older positions keep their
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
-Kind = Literal["mysql", "postgres"]
 
 _WIDTH = 20  # digits of a 64-bit unsigned integer
 EPOCH_SHIFT = 32  # binlog file indices stay below 2**32 (MySQL numbers them up to 999,999+)

@@ -18,9 +18,8 @@ A window answers three questions for the merge, one log item at a time:
 - :meth:`Window.closes_at`: is this item the window's end, so that the rows go out right after
   it, at its position (``table`` strategy: the high watermark)?
 
-Windows are immutable values with a JSON form (``to_dict``/``Window.from_dict``); whether a
-``table`` window has opened is the merge's per-chunk state. Windows never look at tables: the
-merge only asks about changes of the chunk's own table.
+Windows are immutable values; whether a ``table`` window has opened is the merge's per-chunk
+state. Windows never look at tables: the merge only asks about changes of the chunk's own table.
 
 :meth:`Window.forgettable` tells the merge which remembered changes no later window of the same
 kind can need (the source's horizon: PostgreSQL's oldest running xid, MariaDB's consistent
@@ -30,7 +29,7 @@ snapshot position, MySQL's executed GTID set only grow).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from airflow_dblog.core.events import ChangeEvent, LogItem, WatermarkEvent
 from airflow_dblog.core.gtid import GtidSet, parse_gtid_set
@@ -93,39 +92,6 @@ class Window:
 
     def describe(self) -> str:
         return self.kind
-
-    def to_dict(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    @staticmethod
-    def from_dict(data: dict[str, Any]) -> Window:
-        kind = data.get("kind")
-        if kind == TableWindow.kind:
-            snap = data.get("snapshot")
-            return TableWindow(
-                data["low"], data["high"], None if snap is None else XidSnapshot(*snap)
-            )
-        if kind == SnapshotXidWindow.kind:
-            return SnapshotXidWindow(
-                int(data["xmin"]),
-                int(data["xmax"]),
-                frozenset(int(x) for x in data["xip"]),
-                Position.parse(data["close_at"]),
-            )
-        if kind == GtidWindow.kind:
-            flavor = data["flavor"]
-            return GtidWindow(
-                parse_gtid_set(data["low"], flavor),
-                parse_gtid_set(data["high"], flavor),
-                Position.parse(data["close_at"]),
-            )
-        if kind == PositionWindow.kind:
-            return PositionWindow(Position.parse(data["start"]), Position.parse(data["close_at"]))
-        raise ValueError(f"unknown window kind {kind!r}")
-
-
-def _reached(item: LogItem, close_at: Position) -> bool:
-    return item.position.log_part() >= close_at.log_part()
 
 
 def later_xid(a: int, b: int) -> int:
@@ -237,15 +203,6 @@ class TableWindow(Window):
     def describe(self) -> str:
         return f"table({self.low}..{self.high})"
 
-    def to_dict(self) -> dict[str, Any]:
-        snap = self.snapshot
-        return {
-            "kind": self.kind,
-            "low": self.low,
-            "high": self.high,
-            "snapshot": None if snap is None else [snap.xmin, snap.xmax, sorted(snap.xip)],
-        }
-
 
 def widen_xid(xid: int, reference: int) -> int:
     """A 32-bit xid (as wal2json reports it) as the 64-bit xid8 nearest to ``reference``.
@@ -268,8 +225,21 @@ def widen_xid(xid: int, reference: int) -> int:
     return widened if widened >= 0 else xid
 
 
+class ReadOnlyWindow(Window):
+    """A window of a read-only strategy: it ends at ``close_at``, a log position read after
+    the SELECT, and the rows go out before the first log item at or past it."""
+
+    close_at: Position
+
+    def closes_before(self, item: LogItem) -> bool:
+        return item.position.log_part() >= self.close_at.log_part()
+
+    def fallback_position(self) -> Position | None:
+        return self.close_at
+
+
 @dataclass(frozen=True)
-class SnapshotXidWindow(Window):
+class SnapshotXidWindow(ReadOnlyWindow):
     """PostgreSQL ``snapshot`` strategy: changes whose transaction the SELECT could not see.
 
     ``xmin:xmax:xip`` is ``pg_current_snapshot()`` taken in the chunk's REPEATABLE READ
@@ -289,12 +259,6 @@ class SnapshotXidWindow(Window):
         object.__setattr__(self, "xip", frozenset(self.xip))
         XidSnapshot(self.xmin, self.xmax, self.xip)  # validates
 
-    @classmethod
-    def from_pg_snapshot(cls, text: str, close_at: Position) -> SnapshotXidWindow:
-        """From the text form ``xmin:xmax:xip,xip`` of ``pg_current_snapshot()``."""
-        snap = XidSnapshot.parse(text)
-        return cls(snap.xmin, snap.xmax, snap.xip, close_at)
-
     @property
     def snapshot(self) -> XidSnapshot:
         return XidSnapshot(self.xmin, self.xmax, self.xip)
@@ -309,27 +273,12 @@ class SnapshotXidWindow(Window):
     def forgettable(self, change: Change) -> bool:
         return self.snapshot.older(change)
 
-    def closes_before(self, item: LogItem) -> bool:
-        return _reached(item, self.close_at)
-
-    def fallback_position(self) -> Position | None:
-        return self.close_at
-
     def describe(self) -> str:
         return f"snapshot({self.xmin}:{self.xmax}:{len(self.xip)} in progress)"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "xmin": self.xmin,
-            "xmax": self.xmax,
-            "xip": sorted(self.xip),
-            "close_at": str(self.close_at),
-        }
-
 
 @dataclass(frozen=True)
-class GtidWindow(Window):
+class GtidWindow(ReadOnlyWindow):
     """Read-only ``gtid`` strategy: changes that committed after the low GTID set was read.
 
     ``low`` is read before the SELECT, ``high`` after it, ``close_at`` (the binlog position)
@@ -364,29 +313,17 @@ class GtidWindow(Window):
         return change.gtid is not None and self.low.contains(change.gtid)  # sets only grow
 
     def closes_before(self, item: LogItem) -> bool:
-        if _reached(item, self.close_at):
+        if super().closes_before(item):
             return True
         gtid = item.gtid if isinstance(item, ChangeEvent) else None
         return gtid is not None and not self.high.contains(gtid)
 
-    def fallback_position(self) -> Position | None:
-        return self.close_at
-
     def describe(self) -> str:
         return f"gtid({self.low}..{self.high})"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "flavor": self.high.flavor,
-            "low": str(self.low),
-            "high": str(self.high),
-            "close_at": str(self.close_at),
-        }
-
 
 @dataclass(frozen=True)
-class PositionWindow(Window):
+class PositionWindow(ReadOnlyWindow):
     """MariaDB ``snapshot`` strategy: the SELECT saw the binlog exactly up to ``start``.
 
     ``start`` comes from ``binlog_snapshot_file/position`` in the chunk's consistent-snapshot
@@ -411,14 +348,5 @@ class PositionWindow(Window):
     def forgettable(self, change: Change) -> bool:
         return change.position.log_part() <= self.start.log_part()  # later snapshots: later
 
-    def closes_before(self, item: LogItem) -> bool:
-        return _reached(item, self.close_at)
-
-    def fallback_position(self) -> Position | None:
-        return self.close_at
-
     def describe(self) -> str:
         return f"position({self.start}..{self.close_at})"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "start": str(self.start), "close_at": str(self.close_at)}

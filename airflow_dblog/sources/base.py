@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from airflow_dblog.core.events import LogItem, Row, TableId
 
 Key = tuple[Any, ...]
 Offset = dict[str, Any]  # JSON-able resume token of a reader
+C = TypeVar("C", bound="Closeable")
 
 
 @dataclass(frozen=True)
@@ -31,17 +32,6 @@ class TableSchema:
     table: TableId
     columns: tuple[Column, ...]
     key: tuple[str, ...]  # primary key columns in index order
-
-    def key_of(self, row: Row) -> Key:
-        return tuple(row[c] for c in self.key)
-
-
-@dataclass(frozen=True)
-class SnapshotChunk:
-    """Rows read in a snapshot plus what the snapshot says about the log (``snapshot`` mode)."""
-
-    rows: list[tuple[Key, Row]]
-    window: dict[str, Any]  # serialised window (see airflow_dblog.core.window)
 
 
 class Source(Protocol):
@@ -109,3 +99,30 @@ class ChangelogReader(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class Closeable:
+    """Sources and readers: ``with`` closes them."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: C) -> C:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class StreamReader(Closeable):
+    """What the binlog and WAL readers share: ``close`` ends the log stream, then the
+    connection of the reader's ``source`` (its catalog questions)."""
+
+    source: Any
+
+    def _close_stream(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._close_stream()
+        self.source.close()

@@ -98,7 +98,7 @@ from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, Row, Tabl
 from airflow_dblog.core.gtid import GtidSet, MysqlGtidSet
 from airflow_dblog.core.position import Position, binlog_file_index
 from airflow_dblog.errors import InputError, SourceError
-from airflow_dblog.sources.base import Offset
+from airflow_dblog.sources.base import Offset, StreamReader
 from airflow_dblog.sources.mysql import (
     END_OF_EVENT,
     WATERMARK_TABLE_ID,
@@ -269,15 +269,6 @@ def _float_text(value: Any) -> Any:
     return value
 
 
-def _unsigned(bits: int) -> Callable[[Any], Any]:
-    def fix(value: Any) -> Any:
-        if isinstance(value, int) and value < 0:
-            return value + (1 << bits)
-        return value
-
-    return fix
-
-
 _UNSIGNED_BITS = {
     FIELD_TYPE.TINY: 8,
     FIELD_TYPE.SHORT: 16,
@@ -361,7 +352,7 @@ def _shape_matches(columns: list[Any], info: TableInfo) -> bool:
     return True
 
 
-class BinlogReader:
+class BinlogReader(StreamReader):
     """``ChangelogReader`` for MySQL 8 and MariaDB 10.5+."""
 
     def __init__(
@@ -1008,13 +999,3 @@ class BinlogReader:
             with contextlib.suppress(Exception):  # already broken
                 self._stream.close()
             self._stream = None
-
-    def close(self) -> None:
-        self._close_stream()
-        self.source.close()
-
-    def __enter__(self) -> BinlogReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -1,9 +1,10 @@
 """MySQL and MariaDB as a dblog ``Source``: schema, keyset chunk SELECTs, watermarks, binlog facts.
 
 One PyMySQL connection per source object, in autocommit mode, opened lazily and reopened once
-when the server drops it. Identifiers are always quoted with backticks and values are always bound
-parameters: nothing a user types is spliced into SQL. Key order is the server's business (column
-collations decide how strings sort); this module never sorts keys in Python.
+when the server drops it (:class:`~airflow_dblog.sources.sql.SqlSource`). Identifiers are always
+quoted with backticks and values are always bound parameters: nothing a user types is spliced
+into SQL. Key order is the server's business (column collations decide how strings sort); this
+module never sorts keys in Python.
 
 Values come back in the types PyMySQL produces (int, str, Decimal, date, datetime, bytes, ...),
 and :mod:`airflow_dblog.sources.binlog_reader` converts binlog values to the same types, so a
@@ -17,13 +18,12 @@ every row of the event that ends there, before anything the log writes later.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import decimal
 import logging
 import re
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -33,11 +33,12 @@ import pymysql.cursors
 
 from airflow_dblog.core.events import Row, TableId
 from airflow_dblog.core.gtid import GtidSet, parse_gtid_set
-from airflow_dblog.core.keys import MAX_KEYS_PER_CHUNK, check_arity, key_in_order
+from airflow_dblog.core.keys import check_arity
 from airflow_dblog.core.position import Position, binlog_file_index
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.redact import redact
 from airflow_dblog.sources.base import Column, Key, TableSchema
+from airflow_dblog.sources.sql import SqlSource, is_integral
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,6 @@ WATERMARK_TABLE_ID = TableId(WATERMARK_DB, WATERMARK_TABLE)
 
 END_OF_EVENT = 2**32 - 1
 """Row index of a position that lies after every row of the event ending at its offset."""
-
-SELECT_KEYS_BATCH = 500
 
 # Client-side codes PyMySQL raises when the connection is gone (worth one reconnect).
 _CONNECTION_LOST = {0, 1927, 2006, 2013, 2014, 2045, 2055, 4031}
@@ -396,12 +395,7 @@ def coerce_value(col: ColumnInfo, value: Any) -> Any:
 def _as_int(value: Any) -> int:
     if isinstance(value, int):
         return value
-    integral = (
-        (isinstance(value, float) and value.is_integer())
-        or (isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value) is not None)
-        or (isinstance(value, decimal.Decimal) and value == value.to_integral_value())
-    )
-    if not integral:
+    if not is_integral(value):
         raise ValueError
     return int(value)
 
@@ -455,10 +449,21 @@ def _keyset(cols: Sequence[str], values: Sequence[Any], op: str) -> tuple[str, l
 # the source
 
 
-class MysqlSource:
-    """``Source`` for MySQL 8 and MariaDB 10.5+ through PyMySQL."""
+class MysqlSource(SqlSource[Position]):
+    """``Source`` for MySQL 8 and MariaDB 10.5+ through PyMySQL.
+
+    Snapshot chunks (MariaDB only) report the binlog position their snapshot saw.
+    """
 
     kind = "mysql"
+    product = "MySQL"
+    driver_error = pymysql.MySQLError
+    begin_snapshot = (
+        "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+        "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY",
+    )
+    _coerce_value = staticmethod(coerce_value)
+    _expects = staticmethod(_expects)
 
     def __init__(
         self,
@@ -477,10 +482,6 @@ class MysqlSource:
 
     # -- connection -------------------------------------------------------------------------
 
-    @property
-    def where(self) -> str:
-        return self.settings.where
-
     def _connection(self) -> pymysql.connections.Connection:
         if self._conn is None or not self._conn.open:
             self._conn = connect(
@@ -493,12 +494,6 @@ class MysqlSource:
             )
         return self._conn
 
-    def _drop_connection(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.close()
-            self._conn = None
-
     def _error(self, err: pymysql.MySQLError, doing: str) -> SourceError:
         code = err.args[0] if err.args and isinstance(err.args[0], int) else None
         if code in _UNREACHABLE or code in _CONNECTION_LOST or code in _DENIED:
@@ -506,29 +501,17 @@ class MysqlSource:
         text = redact(str(err.args[1] if len(err.args) > 1 else err))
         return SourceError(f"MySQL at {self.where} failed to {doing}: ({code}) {text}")
 
-    def _run(
-        self,
-        doing: str,
-        work: Callable[[pymysql.cursors.Cursor], Any],
-    ) -> Any:
-        """Run ``work`` on a cursor; reconnect and retry once if the connection was lost."""
-        for attempt in (0, 1):
-            conn = self._connection()
-            try:
-                with conn.cursor() as cur:
-                    return work(cur)
-            except (pymysql.err.OperationalError, pymysql.err.InterfaceError) as err:
-                code = err.args[0] if err.args and isinstance(err.args[0], int) else 0
-                lost = isinstance(err, pymysql.err.InterfaceError) or code in _CONNECTION_LOST
-                if lost:
-                    self._drop_connection()
-                    if attempt == 0:
-                        log.warning("connection to MySQL at %s lost; reconnecting", self.where)
-                        continue
-                raise self._error(err, doing) from None
-            except pymysql.MySQLError as err:
-                raise self._error(err, doing) from None
-        raise AssertionError("unreachable")
+    def _lost(self, err: Exception, conn: Any) -> bool:
+        if isinstance(err, pymysql.err.InterfaceError):
+            return True
+        if not isinstance(err, pymysql.err.OperationalError):
+            return False
+        code = err.args[0] if err.args and isinstance(err.args[0], int) else 0
+        return code in _CONNECTION_LOST
+
+    def _failure(self, err: Exception, conn: Any, doing: str, lost: bool) -> Exception:
+        assert isinstance(err, pymysql.MySQLError)
+        return self._error(err, doing)
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Rows of one statement (internal helper, also used by the binlog reader)."""
@@ -538,19 +521,6 @@ class MysqlSource:
             return list(cur.fetchall())
 
         return self._run("run a query", work)
-
-    def ping(self) -> None:
-        """SourceError unless the server answers (reconnecting once if the connection broke)."""
-        self.query("SELECT 1")
-
-    def close(self) -> None:
-        self._drop_connection()
-
-    def __enter__(self) -> MysqlSource:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- server facts -----------------------------------------------------------------------
 
@@ -739,12 +709,6 @@ class MysqlSource:
         """Drop the cached description of ``table`` (after DDL)."""
         self._tables.pop(table, None)
 
-    def describe(self, table: TableId) -> TableSchema:
-        return self.table_info(table, refresh=True).schema
-
-    def _key(self, table: TableId) -> tuple[str, ...]:
-        return self.table_info(table).schema.key
-
     def max_key(self, table: TableId) -> Key | None:
         key = self._key(table)
         cols = ", ".join(quote_ident(c) for c in key)
@@ -809,10 +773,10 @@ class MysqlSource:
             params.append(int(offset))
         return text, params
 
-    def range_sql(
+    def chunk_sql(
         self, table: TableId, lower: Key | None, upper: Key | None, limit: int
     ) -> tuple[str, list[Any]]:
-        """The chunk SELECT and its parameters (for EXPLAIN and tests)."""
+        """The chunk SELECT and its parameters."""
         return self._range_sql(table, "*", lower, upper, limit)
 
     def next_bound(self, table: TableId, after: Key | None, upto: Key, n: int) -> Key | None:
@@ -832,70 +796,23 @@ class MysqlSource:
             out.append((tuple(values[i] for i in index), dict(zip(names, values, strict=True))))
         return out
 
-    def select_range(
-        self, table: TableId, lower: Key | None, upper: Key, limit: int
-    ) -> list[tuple[Key, Row]]:
-        key = self._key(table)
-        sql, params = self._range_sql(table, "*", lower, upper, limit)
-
-        def work(cur: pymysql.cursors.Cursor) -> list[tuple[Key, Row]]:
-            cur.execute(sql, params)
-            return self._fetch_rows(cur, key)
-
-        return self._run(f"select a chunk of {table}", work)
-
-    def _keys_sql(self, table: TableId, keys: Sequence[Key]) -> tuple[str, list[Any]]:
+    def keys_sql(self, table: TableId, keys: Sequence[Key]) -> tuple[str, list[Any]]:
+        """The key-list SELECT of one batch and its parameters."""
         key = self._key(table)
         q = [quote_ident(c) for c in key]
         params: list[Any] = []
+        for k in keys:
+            params.extend(check_arity(table, key, k))
         if len(q) == 1:
             where = f"{q[0]} IN ({', '.join(['%s'] * len(keys))})"
-            for k in keys:
-                params.extend(check_arity(table, key, k))
         else:
             one = "(" + " AND ".join(f"{c} = %s" for c in q) + ")"
             where = " OR ".join([one] * len(keys))
-            for k in keys:
-                params.extend(check_arity(table, key, k))
         sql = (
             f"SELECT * FROM {quote_table(table)} FORCE INDEX (PRIMARY) WHERE {where}"
             f" ORDER BY {', '.join(q)}"
         )
         return sql, params
-
-    def keys_sql(self, table: TableId, keys: Sequence[Key]) -> tuple[str, list[Any]]:
-        """The key-list SELECT of one batch and its parameters (for EXPLAIN and tests)."""
-        return self._keys_sql(table, keys)
-
-    def select_keys(self, table: TableId, keys: Sequence[Key]) -> list[tuple[Key, Row]]:
-        key = self._key(table)
-        out: list[tuple[Key, Row]] = []
-        for start in range(0, len(keys), SELECT_KEYS_BATCH):
-            sql, params = self._keys_sql(table, keys[start : start + SELECT_KEYS_BATCH])
-
-            def work(cur: pymysql.cursors.Cursor, sql: str = sql, params: Any = params) -> Any:
-                cur.execute(sql, params)
-                return self._fetch_rows(cur, key)
-
-            out.extend(self._run(f"select keys of {table}", work))
-        return out
-
-    def coerce_key(self, table: TableId, key: Sequence[Any] | Mapping[str, Any]) -> Key:
-        info = self.table_info(table)
-        names = info.schema.key
-        values = key_in_order(key, names, table)
-        typed = []
-        for name, value in zip(names, values, strict=True):
-            col = info.column(name)
-            try:
-                typed.append(coerce_value(col, value))
-            except (ValueError, TypeError, OverflowError) as err:
-                detail = f" ({err})" if str(err) else ""
-                raise InputError(
-                    f"key column {name} of {table} expects {_expects(col)}, got {value!r}{detail}",
-                    "pass the key as JSON values in primary key order",
-                ) from None
-        return tuple(typed)
 
     # -- watermarks -------------------------------------------------------------------------
 
@@ -996,79 +913,15 @@ class MysqlSource:
                 "set source.watermark: snapshot (read-only and exact on MariaDB) or table",
             )
 
-    def _snapshot(
-        self,
-        table: TableId,
-        build: Callable[[], list[tuple[str, list[Any]]]],
-        on_snapshot: Callable[[Position], None] | None,
-    ) -> tuple[list[tuple[Key, Row]], Position]:
-        """The statements ``build`` returns, all in one consistent snapshot."""
+    def _check_snapshot(self) -> None:
         if self.flavor != "mariadb":
             raise SourceError(
                 f"watermark snapshot needs MariaDB; MySQL at {self.where} ({self.version})"
                 " has no binlog snapshot position",
                 "set source.watermark: gtid (read-only) or table",
             )
-        key = self._key(table)
-        statements = build()
 
-        def work(cur: pymysql.cursors.Cursor) -> tuple[list[tuple[Key, Row]], Position]:
-            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
-            try:
-                position = self.position(*self._snapshot_status(cur))
-                if on_snapshot is not None:
-                    on_snapshot(position)
-                rows = []
-                for sql, params in statements:
-                    cur.execute(sql, params)
-                    rows.extend(self._fetch_rows(cur, key))
-                cur.execute("COMMIT")
-            except BaseException:
-                try:
-                    cur.execute("ROLLBACK")
-                except Exception:
-                    self._drop_connection()
-                raise
-            return rows, position
-
-        return self._run(f"select a snapshot chunk of {table}", work)
-
-    def snapshot_select_range(
-        self,
-        table: TableId,
-        lower: Key | None,
-        upper: Key,
-        limit: int,
-        on_snapshot: Callable[[Position], None] | None = None,
-    ) -> tuple[list[tuple[Key, Row]], Position]:
-        """Keyset page in a consistent snapshot, plus the binlog position the snapshot saw.
-
-        A change whose event position is greater than the returned position is not in the rows.
-        ``on_snapshot`` runs after the snapshot is taken and before the SELECT (for tests).
-        """
-        return self._snapshot(
-            table, lambda: [self._range_sql(table, "*", lower, upper, limit)], on_snapshot
-        )
-
-    def snapshot_select_keys(
-        self,
-        table: TableId,
-        keys: Sequence[Key],
-        on_snapshot: Callable[[Position], None] | None = None,
-    ) -> tuple[list[tuple[Key, Row]], Position]:
-        """``select_keys`` in a consistent snapshot, plus the snapshot's binlog position."""
-        if len(keys) > MAX_KEYS_PER_CHUNK:
-            raise InputError(
-                f"{len(keys)} keys in one snapshot chunk",
-                f"key-list chunks hold at most {MAX_KEYS_PER_CHUNK} keys",
-            )
-        # batches as select_keys (one huge OR list is slow to plan); the snapshot spans them all
-        return self._snapshot(
-            table,
-            lambda: [
-                self._keys_sql(table, keys[i : i + SELECT_KEYS_BATCH])
-                for i in range(0, len(keys), SELECT_KEYS_BATCH)
-            ],
-            on_snapshot,
-        )
+    def _read_snapshot(self, cur: pymysql.cursors.Cursor) -> Position:
+        """The binlog position of the consistent snapshot: a change whose event position is
+        greater is not in the rows."""
+        return self.position(*self._snapshot_status(cur))

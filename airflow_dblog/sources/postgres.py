@@ -1,11 +1,11 @@
 """PostgreSQL as a dblog ``Source``: schema, keyset chunk SELECTs, watermarks, snapshot facts.
 
-One psycopg2 connection per source object, in autocommit mode, opened lazily and reopened once
-when the server drops it. Tables are ``schema.table`` (``TableId.db`` is the schema; the
-database is the one in the URL). Identifiers are quoted with :class:`psycopg2.sql.Identifier` and
-values are bound parameters: nothing a user types is spliced into SQL. Keys are compared and
-ordered by the server only (row comparisons ``(a, b) > (%s, %s)`` on the primary key index, in the
-columns' collations); this module never sorts keys in Python.
+One psycopg2 connection per source object, in autocommit mode, opened lazily and reopened once when
+the server drops it (:class:`~airflow_dblog.sources.sql.SqlSource`). Tables are ``schema.table``
+(``TableId.db`` is the schema; the database is the one in the URL). Identifiers are quoted with
+:class:`psycopg2.sql.Identifier` and values are bound parameters: nothing a user types is spliced
+into SQL. Keys are compared and ordered by the server only (row comparisons ``(a, b) > (%s, %s)``
+on the primary key index, in the columns' collations); this module never sorts keys in Python.
 
 Value types (the contract shared with :mod:`airflow_dblog.sources.wal2json_reader`): a row read
 here and the same row decoded from the WAL hold the same Python values, because both go through
@@ -45,7 +45,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,12 +55,13 @@ import psycopg2.extensions
 from psycopg2 import sql
 
 from airflow_dblog.core.events import Row, TableId
-from airflow_dblog.core.keys import MAX_KEYS_PER_CHUNK, check_arity, key_in_order
-from airflow_dblog.core.position import Position, int_to_lsn, lsn_to_int
+from airflow_dblog.core.keys import check_arity
+from airflow_dblog.core.position import Position, lsn_to_int
 from airflow_dblog.core.window import XidSnapshot
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.redact import redact
 from airflow_dblog.sources.base import Column, Key, TableSchema
+from airflow_dblog.sources.sql import SqlSource, is_integral
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,6 @@ WATERMARK_SCHEMA = "dblog"
 WATERMARK_TABLE = "dblog_watermarks"
 WATERMARK_TABLE_ID = TableId(WATERMARK_SCHEMA, WATERMARK_TABLE)
 
-SELECT_KEYS_BATCH = 500
 SCHEMA_TTL_S = 30.0
 
 SESSION_OPTIONS = (
@@ -77,8 +77,7 @@ SESSION_OPTIONS = (
 )
 """GUCs of every connection (SELECTs and the walsender), so both sides print values alike."""
 
-BYTEA_OID = 17
-BYTEA_ARRAY_OID = 1001
+_BYTEA_OIDS = (17, 1001)  # bytea, bytea[]: psycopg2 returns memoryviews
 
 _INT_RANGES = {"int2": 16, "int4": 32, "int8": 64}
 _TEXT_TYPES = {"text", "varchar", "bpchar", "name", "citext"}
@@ -223,38 +222,16 @@ class SnapshotInfo:
     xip: frozenset[int]
     close_lsn: int
 
-    def visible(self, xid: int) -> bool:
-        """Whether the (committed) transaction ``xid`` is seen by the snapshot."""
-        return xid < self.xmax and xid not in self.xip
-
     @property
     def close_position(self) -> Position:
         """The first position that is certainly after the snapshot (see the class doc)."""
         return Position.postgres(self.close_lsn, 0)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "xmin": self.xmin,
-            "xmax": self.xmax,
-            "xip": sorted(self.xip),
-            "close_lsn": int_to_lsn(self.close_lsn),
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> SnapshotInfo:
-        lsn = data["close_lsn"]
-        return cls(
-            int(data["xmin"]),
-            int(data["xmax"]),
-            frozenset(int(x) for x in data["xip"]),
-            lsn_to_int(lsn) if isinstance(lsn, str) else int(lsn),
-        )
-
     @classmethod
     def parse(cls, snapshot: str, close_lsn: int) -> SnapshotInfo:
         """From ``pg_current_snapshot()``'s text form ``xmin:xmax:xip,xip``."""
-        xmin, xmax, xip = snapshot.split(":")
-        return cls(int(xmin), int(xmax), frozenset(int(x) for x in xip.split(",") if x), close_lsn)
+        snap = XidSnapshot.parse(snapshot)
+        return cls(snap.xmin, snap.xmax, snap.xip, close_lsn)
 
 
 # --------------------------------------------------------------------------------------------
@@ -271,10 +248,6 @@ class ColumnInfo:
     category: str  # pg_type.typcategory of the base type
     max_length: int | None  # varchar(n)/char(n)
     scale: int | None = None  # numeric(p, s)
-
-    @property
-    def is_bytea(self) -> bool:
-        return self.type_oid in (BYTEA_OID, BYTEA_ARRAY_OID)
 
 
 @dataclass(frozen=True)
@@ -344,12 +317,7 @@ def coerce_value(col: ColumnInfo, value: Any) -> Any:
     if t in _INT_RANGES:
         if isinstance(value, bool):
             raise TypeError("a boolean is not an integer")
-        integral = (
-            (isinstance(value, float) and value.is_integer())
-            or (isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value) is not None)
-            or (isinstance(value, decimal.Decimal) and value == value.to_integral_value())
-        )
-        if integral:
+        if is_integral(value):
             value = int(value)
         if not isinstance(value, int):
             raise TypeError("not an integer")
@@ -435,11 +403,12 @@ def coerce_value(col: ColumnInfo, value: Any) -> Any:
     return value
 
 
-def _convert_bytea(value: Any) -> Any:
+def bytes_deep(value: Any) -> Any:
+    """psycopg2's ``memoryview`` for bytea as ``bytes``, also inside arrays (SELECT and WAL)."""
     if isinstance(value, memoryview):
         return value.tobytes()
     if isinstance(value, list):
-        return [_convert_bytea(v) for v in value]
+        return [bytes_deep(v) for v in value]
     return value
 
 
@@ -447,11 +416,19 @@ def _convert_bytea(value: Any) -> Any:
 # the source
 
 
-class PostgresSource:
-    """``Source`` for PostgreSQL 13+ through psycopg2 (``snapshot`` watermarks need 13+)."""
+class PostgresSource(SqlSource[SnapshotInfo]):
+    """``Source`` for PostgreSQL 13+ through psycopg2 (``snapshot`` watermarks need 13+).
+
+    Snapshot chunks report what their REPEATABLE READ snapshot saw (:class:`SnapshotInfo`).
+    """
 
     kind = "postgres"
     lineage_epoch = 0  # LSNs go on across a promotion: no epoch
+    product = "PostgreSQL"
+    driver_error = psycopg2.Error
+    begin_snapshot = ("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY",)
+    _coerce_value = staticmethod(coerce_value)
+    _expects = staticmethod(_expects)
 
     def __init__(self, url: str | ConnectionSettings, *, connect_timeout: float = 10.0) -> None:
         self.settings = url if isinstance(url, ConnectionSettings) else parse_postgres_url(url)
@@ -462,10 +439,6 @@ class PostgresSource:
 
     # -- connection -------------------------------------------------------------------------
 
-    @property
-    def where(self) -> str:
-        return self.settings.where
-
     def _connection(self) -> psycopg2.extensions.connection:
         if self._conn is None or self._conn.closed:
             conn = connect(self.settings, connect_timeout=self._connect_timeout)
@@ -473,46 +446,27 @@ class PostgresSource:
             self._conn = conn
         return self._conn
 
-    def _drop_connection(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.close()
-            self._conn = None
-
-    def _error(self, err: psycopg2.Error, doing: str) -> SourceError:
+    def _error(self, err: Exception, doing: str) -> SourceError:
         text = " ".join(redact(str(getattr(err, "pgerror", None) or err)).split())
         text = text.removeprefix("ERROR: ").strip()
         return SourceError(f"PostgreSQL at {self.where} failed to {doing}: {text[:400]}")
 
-    def _run(self, doing: str, work: Callable[[psycopg2.extensions.cursor], Any]) -> Any:
-        """Run ``work`` on a cursor; reconnect and retry once if the connection was lost.
+    def _lost(self, err: Exception, conn: Any) -> bool:
+        return is_connection_lost(err, conn)
 
-        ``work`` must be safe to repeat (reads, idempotent upserts, whole transactions).
-        """
-        for attempt in (0, 1):
-            conn = self._connection()
-            try:
-                with conn.cursor() as cur:
-                    return work(cur)
-            except psycopg2.Error as err:
-                lost = is_connection_lost(err, conn)
-                if lost:
-                    self._drop_connection()
-                    if attempt == 0:
-                        log.warning("connection to PostgreSQL at %s lost; reconnecting", self.where)
-                        continue
-                    raise connect_error(self.settings, err) from None
-                if not conn.closed and conn.status != psycopg2.extensions.STATUS_READY:
-                    with contextlib.suppress(psycopg2.Error):
-                        conn.rollback()
-                if isinstance(err, psycopg2.DataError):
-                    raise InputError(
-                        f"PostgreSQL at {self.where} rejected a value while trying to {doing}:"
-                        f" {' '.join(str(err).split())[:300]}",
-                        "check the key values against the column types",
-                    ) from None
-                raise self._error(err, doing) from None
-        raise AssertionError("unreachable")
+    def _failure(self, err: Exception, conn: Any, doing: str, lost: bool) -> Exception:
+        if lost:
+            return connect_error(self.settings, err)
+        if not conn.closed and conn.status != psycopg2.extensions.STATUS_READY:
+            with contextlib.suppress(psycopg2.Error):
+                conn.rollback()
+        if isinstance(err, psycopg2.DataError):
+            return InputError(
+                f"PostgreSQL at {self.where} rejected a value while trying to {doing}:"
+                f" {' '.join(str(err).split())[:300]}",
+                "check the key values against the column types",
+            )
+        return self._error(err, doing)
 
     def query(
         self, statement: str | sql.Composable, params: Sequence[Any] | Mapping[str, Any] = ()
@@ -524,19 +478,6 @@ class PostgresSource:
             return list(cur.fetchall()) if cur.description is not None else []
 
         return self._run("run a query", work)
-
-    def ping(self) -> None:
-        """SourceError unless the server answers (reconnecting once if the connection broke)."""
-        self.query("SELECT 1")
-
-    def close(self) -> None:
-        self._drop_connection()
-
-    def __enter__(self) -> PostgresSource:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- server facts and checks ------------------------------------------------------------
 
@@ -581,14 +522,6 @@ class PostgresSource:
                 f"user {self.settings.user} has no REPLICATION attribute on {self.where}",
                 f"ALTER ROLE {self.settings.user} REPLICATION",
             )
-
-    def current_lsn(self) -> int:
-        """``pg_current_wal_lsn()``: the end of the WAL written so far (every commit before)."""
-        return lsn_to_int(str(self.query("SELECT pg_current_wal_lsn()::text")[0][0]))
-
-    def current_insert_lsn(self) -> int:
-        """``pg_current_wal_insert_lsn()``: includes records not yet written out."""
-        return lsn_to_int(str(self.query("SELECT pg_current_wal_insert_lsn()::text")[0][0]))
 
     def current_snapshot(self) -> XidSnapshot:
         """``pg_current_snapshot()`` now: its xmin is the horizon every later snapshot is above."""
@@ -653,15 +586,6 @@ class PostgresSource:
                 ) from None
             raise
         return lsn_to_int(rows[0][0])
-
-    def drop_replication_slot(self, name: str, *, missing_ok: bool = True) -> bool:
-        """Drop a slot (slots hold WAL: drop the ones you no longer read)."""
-        if self.replication_slot(name) is None:
-            if missing_ok:
-                return False
-            raise SourceError(f"replication slot {name} does not exist on {self.where}")
-        self.query("SELECT pg_drop_replication_slot(%s)", (name,))
-        return True
 
     # -- tables -----------------------------------------------------------------------------
 
@@ -730,12 +654,6 @@ class PostgresSource:
         self._tables[table] = info
         return info
 
-    def describe(self, table: TableId) -> TableSchema:
-        return self.table_info(table, refresh=True).schema
-
-    def _key(self, table: TableId) -> tuple[str, ...]:
-        return self.table_info(table).schema.key
-
     def replica_identity(self, table: TableId) -> str:
         """``default``, ``full``, ``index`` or ``nothing`` (read fresh from pg_class)."""
         info = self.table_info(table, refresh=True)
@@ -751,8 +669,8 @@ class PostgresSource:
         unchanged TOASTed values, need REPLICA IDENTITY FULL; ``before_images`` says what to do
         when a table has only DEFAULT: ``"ignore"``, ``"warn"`` (log) or ``"require"``
         (SourceError). dblog never changes a table's replica identity itself: that rewrites
-        nothing but makes every UPDATE/DELETE log the whole old row; see
-        :meth:`ensure_replica_identity_full` to do it deliberately.
+        nothing but makes every UPDATE/DELETE log the whole old row: the fix in the error and the
+        warning is an ``ALTER TABLE`` for the table's owner to run deliberately.
         """
         if before_images not in ("ignore", "warn", "require"):
             raise ValueError("before_images must be ignore, warn or require")
@@ -776,11 +694,6 @@ class PostgresSource:
                     raise SourceError(problem, fix)
                 log.warning("%s; %s", problem, fix)
         return found
-
-    def ensure_replica_identity_full(self, table: TableId) -> None:
-        """``ALTER TABLE ... REPLICA IDENTITY FULL`` (explicit only: never done implicitly)."""
-        self.query(sql.SQL("ALTER TABLE {} REPLICA IDENTITY FULL").format(self._ident(table)))
-        self.table_info(table, refresh=True)
 
     # -- keyset SQL -------------------------------------------------------------------------
 
@@ -836,6 +749,12 @@ class PostgresSource:
             params.append(int(limit))
         return query, params
 
+    def chunk_sql(
+        self, table: TableId, lower: Key | None, upper: Key | None, limit: int
+    ) -> tuple[sql.Composed, list[Any]]:
+        """The chunk SELECT (``*``: it must not name a column an ALTER just dropped)."""
+        return self.range_sql(table, None, lower, upper, limit=limit)
+
     def keys_sql(self, table: TableId, keys: Sequence[Key]) -> tuple[sql.Composed, list[Any]]:
         """``SELECT * FROM t WHERE (key) IN ((%s, %s), ...) ORDER BY key``."""
         info = self.table_info(table)
@@ -851,28 +770,27 @@ class PostgresSource:
         )
         return query, params
 
-    def _fetch_rows(self, cur: psycopg2.extensions.cursor, table: TableId) -> list[tuple[Key, Row]]:
-        info = self.table_info(table)
+    def _fetch_rows(
+        self, cur: psycopg2.extensions.cursor, key: Sequence[str]
+    ) -> list[tuple[Key, Row]]:
         names = [d.name for d in cur.description]
-        bytea = [i for i, d in enumerate(cur.description) if d.type_code in (17, 1001)]
-        index = [names.index(k) for k in info.schema.key]
+        bytea = [i for i, d in enumerate(cur.description) if d.type_code in _BYTEA_OIDS]
+        index = [names.index(k) for k in key]
         out: list[tuple[Key, Row]] = []
         for record in cur.fetchall():
             if bytea:
                 record = list(record)
                 for i in bytea:
-                    record[i] = _convert_bytea(record[i])
+                    record[i] = bytes_deep(record[i])
             out.append((tuple(record[i] for i in index), dict(zip(names, record, strict=True))))
         return out
 
     def _fetch_keys(self, cur: psycopg2.extensions.cursor) -> list[Key]:
-        bytea = [i for i, d in enumerate(cur.description) if d.type_code in (17, 1001)]
+        bytea = [i for i, d in enumerate(cur.description) if d.type_code in _BYTEA_OIDS]
         rows = cur.fetchall()
         if not bytea:
             return [tuple(r) for r in rows]
-        return [
-            tuple(_convert_bytea(v) if i in bytea else v for i, v in enumerate(r)) for r in rows
-        ]
+        return [tuple(bytes_deep(v) if i in bytea else v for i, v in enumerate(r)) for r in rows]
 
     # -- Source protocol --------------------------------------------------------------------
 
@@ -914,49 +832,6 @@ class PostgresSource:
             return keys[0] if keys else None
 
         return self._run(f"find the next chunk bound of {table}", work)
-
-    def select_range(
-        self, table: TableId, lower: Key | None, upper: Key, limit: int
-    ) -> list[tuple[Key, Row]]:
-        query, params = self.range_sql(table, None, lower, upper, limit=limit)
-
-        def work(cur: psycopg2.extensions.cursor) -> list[tuple[Key, Row]]:
-            cur.execute(query, params)
-            return self._fetch_rows(cur, table)
-
-        return self._run(f"select a chunk of {table}", work)
-
-    def select_keys(self, table: TableId, keys: Sequence[Key]) -> list[tuple[Key, Row]]:
-        """Rows of the given keys (missing keys are left out), in key order per batch."""
-        out: list[tuple[Key, Row]] = []
-        for start in range(0, len(keys), SELECT_KEYS_BATCH):
-            query, params = self.keys_sql(table, keys[start : start + SELECT_KEYS_BATCH])
-
-            def work(
-                cur: psycopg2.extensions.cursor, query: Any = query, params: Any = params
-            ) -> list[tuple[Key, Row]]:
-                cur.execute(query, params)
-                return self._fetch_rows(cur, table)
-
-            out.extend(self._run(f"select keys of {table}", work))
-        return out
-
-    def coerce_key(self, table: TableId, key: Sequence[Any] | Mapping[str, Any]) -> Key:
-        info = self.table_info(table)
-        names = info.schema.key
-        values = key_in_order(key, names, table)
-        typed = []
-        for name, value in zip(names, values, strict=True):
-            col = info.column(name)
-            try:
-                typed.append(coerce_value(col, value))
-            except (ValueError, TypeError, OverflowError) as err:
-                detail = f" ({err})" if str(err) else ""
-                raise InputError(
-                    f"key column {name} of {table} expects {_expects(col)}, got {value!r}{detail}",
-                    "pass the key as JSON values in primary key order",
-                ) from None
-        return tuple(typed)
 
     # -- watermarks -------------------------------------------------------------------------
 
@@ -1012,78 +887,10 @@ class PostgresSource:
 
     # -- snapshot watermark -----------------------------------------------------------------
 
-    def _snapshot(
-        self,
-        table: TableId,
-        build: Callable[[], list[tuple[sql.Composed, list[Any]]]],
-        on_snapshot: Callable[[SnapshotInfo], None] | None,
-    ) -> tuple[list[tuple[Key, Row]], SnapshotInfo]:
-        """The statements ``build`` returns, all in one REPEATABLE READ snapshot."""
-        statements = build()
-
-        def work(cur: psycopg2.extensions.cursor) -> tuple[list[tuple[Key, Row]], SnapshotInfo]:
-            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            try:
-                # The first statement fixes the transaction snapshot; the LSN function runs
-                # after that, inside the same statement, so every commit visible to the
-                # snapshot was inserted into the WAL before close_lsn.
-                cur.execute("SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text")
-                snapshot, lsn = cur.fetchone()
-                info = SnapshotInfo.parse(snapshot, lsn_to_int(lsn))
-                if on_snapshot is not None:
-                    on_snapshot(info)
-                rows = []
-                for query, params in statements:
-                    cur.execute(query, params)
-                    rows.extend(self._fetch_rows(cur, table))
-                cur.execute("COMMIT")
-            except BaseException:
-                try:
-                    cur.execute("ROLLBACK")
-                except Exception:
-                    self._drop_connection()
-                raise
-            return rows, info
-
-        return self._run(f"select a snapshot chunk of {table}", work)
-
-    def snapshot_select_range(
-        self,
-        table: TableId,
-        lower: Key | None,
-        upper: Key,
-        limit: int,
-        on_snapshot: Callable[[SnapshotInfo], None] | None = None,
-    ) -> tuple[list[tuple[Key, Row]], SnapshotInfo]:
-        """Keyset page in a REPEATABLE READ snapshot, plus what that snapshot saw.
-
-        ``on_snapshot`` runs after the snapshot is taken and before the SELECT (for tests).
-        """
-        self.table_info(table)
-        return self._snapshot(
-            table, lambda: [self.range_sql(table, None, lower, upper, limit=limit)], on_snapshot
-        )
-
-    def snapshot_select_keys(
-        self,
-        table: TableId,
-        keys: Sequence[Key],
-        on_snapshot: Callable[[SnapshotInfo], None] | None = None,
-    ) -> tuple[list[tuple[Key, Row]], SnapshotInfo]:
-        """``select_keys`` in one REPEATABLE READ snapshot, plus what that snapshot saw."""
-        if len(keys) > MAX_KEYS_PER_CHUNK:
-            raise InputError(
-                f"{len(keys)} keys in one snapshot chunk",
-                f"key-list chunks hold at most {MAX_KEYS_PER_CHUNK} keys",
-            )
-        self.table_info(table)
-        # batches as select_keys: one statement of thousands of composite keys exceeds the
-        # server's stack depth; the snapshot spans them all
-        return self._snapshot(
-            table,
-            lambda: [
-                self.keys_sql(table, keys[i : i + SELECT_KEYS_BATCH])
-                for i in range(0, len(keys), SELECT_KEYS_BATCH)
-            ],
-            on_snapshot,
-        )
+    def _read_snapshot(self, cur: psycopg2.extensions.cursor) -> SnapshotInfo:
+        # The first statement fixes the transaction snapshot; the LSN function runs after that,
+        # inside the same statement, so every commit visible to the snapshot was inserted into
+        # the WAL before close_lsn.
+        cur.execute("SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text")
+        snapshot, lsn = cur.fetchone()
+        return SnapshotInfo.parse(snapshot, lsn_to_int(lsn))

@@ -81,12 +81,13 @@ from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, Row, Tabl
 from airflow_dblog.core.position import Position, int_to_lsn, lsn_to_int
 from airflow_dblog.errors import SourceError
 from airflow_dblog.redact import redact
-from airflow_dblog.sources.base import Offset
+from airflow_dblog.sources.base import Offset, StreamReader
 from airflow_dblog.sources.postgres import (
     SESSION_OPTIONS,
     WATERMARK_TABLE_ID,
     ConnectionSettings,
     PostgresSource,
+    bytes_deep,
     connect_error,
     parse_postgres_url,
 )
@@ -130,14 +131,6 @@ def _to_decimal(value: Any) -> decimal.Decimal:
 
 def _from_hex(value: str) -> bytes:
     return bytes.fromhex(value)
-
-
-def _bytes_deep(value: Any) -> Any:
-    if isinstance(value, memoryview):
-        return value.tobytes()
-    if isinstance(value, list):
-        return [_bytes_deep(v) for v in value]
-    return value
 
 
 _CHANGE_FIELDS = (
@@ -250,7 +243,7 @@ def parse_offset(offset: Offset) -> tuple[Position | None, int]:
         ) from None
 
 
-class Wal2jsonReader:
+class Wal2jsonReader(StreamReader):
     """``ChangelogReader`` over a wal2json logical replication slot (see the module doc)."""
 
     lineage_epoch = 0  # LSNs go on across a promotion (a new timeline): see _check_lineage
@@ -651,16 +644,6 @@ class Wal2jsonReader:
                 self._reconnect(err)
         self._acked = flush
 
-    def close(self) -> None:
-        self._close_stream()
-        self.source.close()
-
-    def __enter__(self) -> Wal2jsonReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- decoding ---------------------------------------------------------------------------
 
     def _xid64(self, xid: int) -> int:
@@ -741,7 +724,7 @@ class Wal2jsonReader:
 
             def cast_domain(value: Any) -> Any:
                 text = value if isinstance(value, str) else str(value)
-                return _bytes_deep(domain_caster(text, cursor))
+                return bytes_deep(domain_caster(text, cursor))
 
             return cast_domain
         if base in _INT_OIDS or base == _BOOL_OID:
@@ -762,7 +745,7 @@ class Wal2jsonReader:
         cursor = self._cur
 
         def cast(value: Any) -> Any:
-            return _bytes_deep(caster(value if isinstance(value, str) else str(value), cursor))
+            return bytes_deep(caster(value if isinstance(value, str) else str(value), cursor))
 
         return cast
 

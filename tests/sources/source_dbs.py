@@ -4,15 +4,21 @@ tests."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg2
 import pymysql
 
 from airflow_dblog.core.events import ChangeEvent, TableId
+from airflow_dblog.core.position import lsn_to_int
+from airflow_dblog.core.window import XidSnapshot
+from airflow_dblog.errors import SourceError
 from airflow_dblog.sources.base import ChangelogReader
 from airflow_dblog.sources.mysql import parse_mysql_url
-from airflow_dblog.sources.postgres import parse_postgres_url
+from airflow_dblog.sources.postgres import PostgresSource, SnapshotInfo, parse_postgres_url
+from airflow_dblog.sources.sql import SqlSource
 
 
 class _Db:
@@ -95,3 +101,53 @@ def read_changes(reader: ChangelogReader, want: int, budget_s: float = 30.0) -> 
         assert time.monotonic() < deadline, f"{len(got)} of {want} changes: {got}"
         got += [i for i in reader.read(want - len(got), 1.0) if isinstance(i, ChangeEvent)]
     return got
+
+
+@contextmanager
+def after_snapshot(source: SqlSource[Any], hook: Callable[[Any], None]) -> Iterator[None]:
+    """In the block, ``hook(seen)`` runs in each snapshot chunk of ``source`` right after the
+    snapshot is taken, before the SELECTs (``seen``: what the snapshot saw, as returned)."""
+    read = source._read_snapshot
+
+    def read_then_hook(cur: Any) -> Any:
+        seen = read(cur)
+        hook(seen)
+        return seen
+
+    source._read_snapshot = read_then_hook  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del source._read_snapshot
+
+
+def current_lsn(source: PostgresSource) -> int:
+    """``pg_current_wal_lsn()``: the end of the WAL written so far (every commit before)."""
+    return lsn_to_int(str(source.query("SELECT pg_current_wal_lsn()::text")[0][0]))
+
+
+def current_insert_lsn(source: PostgresSource) -> int:
+    """``pg_current_wal_insert_lsn()``: includes records not yet written out."""
+    return lsn_to_int(str(source.query("SELECT pg_current_wal_insert_lsn()::text")[0][0]))
+
+
+def visible(info: SnapshotInfo, xid: int) -> bool:
+    """Whether a chunk's snapshot saw the committed transaction ``xid``, judged as its window
+    judges it (:class:`XidSnapshot`)."""
+    return XidSnapshot(info.xmin, info.xmax, info.xip).visible(xid)
+
+
+def drop_replication_slot(source: PostgresSource, slot: str, tries: int = 100) -> None:
+    """Drop a slot if it exists, waiting (0.1 s a try) while a closing reader still holds it."""
+    for attempt in range(tries):
+        try:
+            source.query(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                " WHERE slot_name = %s",
+                (slot,),
+            )
+            return
+        except SourceError as err:
+            if "is active" not in str(err) or attempt == tries - 1:
+                raise
+            time.sleep(0.1)

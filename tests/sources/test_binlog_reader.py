@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from source_dbs import MysqlDb as Db
+from source_dbs import after_snapshot
 
 from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, TableId, WatermarkEvent
 from airflow_dblog.core.position import Position
@@ -537,9 +538,8 @@ def test_snapshot_position_splits_the_binlog(
             cur.execute(f"UPDATE {db.q('snap')} SET v = 20 WHERE id = 2")
 
     try:
-        rows, snap = source.snapshot_select_range(
-            db.table("snap"), None, (10,), 100, on_snapshot=write_after_snapshot
-        )
+        with after_snapshot(source, write_after_snapshot):
+            rows, snap = source.snapshot_select_range(db.table("snap"), None, (10,), 100)
     finally:
         writer.close()
     assert [row for _, row in rows] == [{"id": 1, "v": 3}, {"id": 2, "v": 3}]

@@ -11,6 +11,7 @@ from typing import Any
 import pymysql
 import pytest
 from source_dbs import MysqlDb as Db
+from source_dbs import after_snapshot
 
 from airflow_dblog.core.events import TableId
 from airflow_dblog.core.keys import from_json, to_json
@@ -147,7 +148,7 @@ def test_next_bound_cuts_chunks_that_cover_the_table(
 def test_keyset_sql_is_a_range_scan_on_primary(
     db: Db, source: MysqlSource, composite: TableId
 ) -> None:
-    sql, params = source.range_sql(composite, (1, "banana"), (2, "eclairs"), 10)
+    sql, params = source.chunk_sql(composite, (1, "banana"), (2, "eclairs"), 10)
     plan = explain(db, sql, params)
     assert plan[0]["key"] == "PRIMARY"
     assert plan[0]["type"] == "range", plan
@@ -354,9 +355,8 @@ def test_snapshot_select_sees_exactly_the_binlog_up_to_its_position(
 
     source_two = MysqlSource(db.url)
     try:
-        rows, position = source.snapshot_select_range(
-            db.table("snap"), None, (10,), 100, on_snapshot=write_after_snapshot
-        )
+        with after_snapshot(source, write_after_snapshot):
+            rows, position = source.snapshot_select_range(db.table("snap"), None, (10,), 100)
     finally:
         writer.close()
         source_two.close()

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 from source_dbs import PostgresDb as Db
+from source_dbs import after_snapshot, current_insert_lsn, drop_replication_slot, visible
 
 from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.core.keys import from_json, to_json
-from airflow_dblog.core.position import Position
+from airflow_dblog.core.position import Position, lsn_to_int
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.sources.postgres import (
     WATERMARK_TABLE_ID,
@@ -68,13 +69,12 @@ def test_parse_url_variants_and_repr_hides_password() -> None:
         parse_postgres_url("mysql://u:p@h/app")
 
 
-def test_snapshot_info_visibility_and_round_trip() -> None:
+def test_snapshot_info_visibility_and_close_position() -> None:
     info = SnapshotInfo.parse("100:105:101,103", 0x1_0000_0010)
-    assert info.visible(99) and info.visible(102) and info.visible(104)
-    assert not info.visible(101) and not info.visible(103) and not info.visible(105)
+    assert visible(info, 99) and visible(info, 102) and visible(info, 104)
+    assert not visible(info, 101) and not visible(info, 103) and not visible(info, 105)
     assert info.close_position == Position.postgres(0x1_0000_0010, 0)
-    assert SnapshotInfo.from_dict(info.to_dict()) == info
-    assert info.to_dict()["close_lsn"] == "1/10"
+    assert info.close_lsn == lsn_to_int("1/10")
 
 
 def _col(base: str, **kw: Any) -> ColumnInfo:
@@ -479,7 +479,7 @@ def test_replica_identity_checks(db: Db, source: PostgresSource, caplog: Any) ->
         source.check_replica_identity([T], "require")
     assert str(err.value).endswith("ALTER TABLE public.items REPLICA IDENTITY FULL")
     assert source.replica_identity(T) == "default"  # never changed implicitly
-    source.ensure_replica_identity_full(T)
+    db.execute("ALTER TABLE items REPLICA IDENTITY FULL")
     assert source.check_replica_identity([T], "require") == {T: "full"}
     db.execute("ALTER TABLE pairs REPLICA IDENTITY NOTHING")
     with pytest.raises(SourceError, match="REPLICA IDENTITY NOTHING"):
@@ -494,7 +494,7 @@ def test_replica_identity_checks(db: Db, source: PostgresSource, caplog: Any) ->
 def test_snapshot_select_sees_exactly_its_snapshot(db: Db, source: PostgresSource) -> None:
     db.execute("CREATE TABLE items (id int PRIMARY KEY, v text)")
     db.execute("INSERT INTO items SELECT g, 'old' FROM generate_series(1, 10) g")
-    before = source.current_insert_lsn()
+    before = current_insert_lsn(source)
     xids: dict[str, int] = {}
     open_tx = db.connect()
     open_tx.autocommit = False
@@ -518,17 +518,18 @@ def test_snapshot_select_sees_exactly_its_snapshot(db: Db, source: PostgresSourc
         other.close()
         open_tx.commit()
 
-    rows, info = source.snapshot_select_range(T, None, (100,), 100, on_snapshot=concurrent)
+    with after_snapshot(source, concurrent):
+        rows, info = source.snapshot_select_range(T, None, (100,), 100)
     open_tx.close()
     assert {k[0]: r["v"] for k, r in rows} == {i: "old" for i in range(1, 11)}
     assert info.close_lsn >= before
-    assert not info.visible(xids["late"]) and xids["late"] >= info.xmax
-    assert not info.visible(xids["open"]) and xids["open"] in info.xip
+    assert not visible(info, xids["late"]) and xids["late"] >= info.xmax
+    assert not visible(info, xids["open"]) and xids["open"] in info.xip
     assert db.execute("SELECT v FROM items WHERE id = 1") == [("late",)]
     # the same for key lists
     rows, info2 = source.snapshot_select_keys(T, [(1,), (11,), (99,)])
     assert [(k, r["v"]) for k, r in rows] == [((1,), "late"), ((11,), "late")]
-    assert info2.visible(xids["late"]) and info2.visible(xids["open"])
+    assert visible(info2, xids["late"]) and visible(info2, xids["open"])
     assert info2.close_lsn >= info.close_lsn
     rows, _ = source.snapshot_select_keys(T, [])
     assert rows == []
@@ -550,7 +551,8 @@ def test_snapshot_visible_changes_commit_before_close_lsn(db: Db, source: Postgr
             db.execute("INSERT INTO items VALUES (100, 'invisible')")
             db.execute("UPDATE items SET v = 'invisible' WHERE id = 0")
 
-        rows, info = source.snapshot_select_range(T, None, (1000,), 1000, on_snapshot=concurrent)
+        with after_snapshot(source, concurrent):
+            rows, info = source.snapshot_select_range(T, None, (1000,), 1000)
         db.execute("INSERT INTO items VALUES (101, 'after')")
         events: list[ChangeEvent] = []
         deadline = 50
@@ -561,27 +563,13 @@ def test_snapshot_visible_changes_commit_before_close_lsn(db: Db, source: Postgr
         assert {k[0] for k, _ in rows} == set(range(5))
         for e in events:
             if e.after is not None and e.after["v"] == "visible":
-                assert info.visible(e.xid)
+                assert visible(info, e.xid)
                 assert e.position.coords[0] < info.close_lsn
                 assert e.position < info.close_position
             else:
-                assert not info.visible(e.xid)
+                assert not visible(info, e.xid)
         late = [e for e in events if e.after and e.after["v"] == "after"]
         assert late[0].position >= info.close_position
     finally:
         reader.close()
-        _drop_slot(source, slot)
-
-
-def _drop_slot(source: PostgresSource, slot: str) -> None:
-    import time
-
-    for _ in range(50):
-        try:
-            source.drop_replication_slot(slot)
-            return
-        except SourceError as err:
-            if "is active" not in str(err):
-                raise
-            time.sleep(0.1)
-    source.drop_replication_slot(slot)
+        drop_replication_slot(source, slot)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from source_dbs import PostgresDb as Db
+from source_dbs import current_lsn, drop_replication_slot
 
 from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, TableId, WatermarkEvent
 from airflow_dblog.core.position import Position, int_to_lsn, lsn_to_int
@@ -61,14 +62,7 @@ class Readers:
         for r in self.readers:
             r.close()
         for slot in self.slots:
-            for _ in range(100):
-                try:
-                    self.source.drop_replication_slot(slot)
-                    break
-                except SourceError as err:
-                    if "is active" not in str(err):
-                        raise
-                    time.sleep(0.1)
+            drop_replication_slot(self.source, slot)
         self.source.close()
 
 
@@ -539,14 +533,7 @@ def recorded(postgres_module_db: Any) -> Iterator[Recorded]:
         yield Recorded(db.url, slot, items, offsets, heartbeat_offset)
     finally:
         reader.close()
-        for _ in range(100):
-            try:
-                source.drop_replication_slot(slot)
-                break
-            except SourceError as err:
-                if "is active" not in str(err):
-                    raise
-                time.sleep(0.1)
+        drop_replication_slot(source, slot)
         source.close()
         db.close()
 
@@ -661,7 +648,7 @@ def test_heartbeat_on_idle_passes_current_lsn(db: Db, readers: Readers) -> None:
     reader = readers.open([T])
     db.execute("CREATE TABLE other (id int PRIMARY KEY)")
     db.execute("INSERT INTO other VALUES (1)")  # WAL that yields no item for this reader
-    lsn = readers.source.current_lsn()
+    lsn = current_lsn(readers.source)
     started = time.monotonic()
     while True:
         items = reader.read(100, 0.5)
@@ -705,7 +692,7 @@ def test_heartbeat_offset_acknowledges_idle_wal(db: Db, readers: Readers) -> Non
     slot = readers.new_slot()
     reader = readers.open([T], slot=slot)
     db.execute("INSERT INTO other SELECT generate_series(1, 100)")
-    lsn = readers.source.current_lsn()
+    lsn = current_lsn(readers.source)
     deadline = time.monotonic() + 5
     while not (items := reader.read(10, 0.3)) or items[-1].position < Position.postgres(lsn, 0):
         assert time.monotonic() < deadline

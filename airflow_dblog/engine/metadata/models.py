@@ -15,9 +15,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-DUMP_STATES = ("pending", "running", "paused", "done", "failed", "cancelled")
 FINAL_DUMP_STATES = ("done", "failed", "cancelled")
-CHUNK_STATES = ("pending", "running", "selected", "done", "failed", "cancelled")
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; elsewhere ids are 64-bit.
 Id = BigInteger().with_variant(Integer(), "sqlite")
@@ -35,6 +33,7 @@ class Dump(Base):
     kind: Mapped[str] = mapped_column(String(16))  # all | tables | keys
     tables: Mapped[list[str]] = mapped_column(JSON)
     requested_by: Mapped[str] = mapped_column(String(256), default="")
+    # pending | running | paused | done | failed | cancelled (the last three: FINAL_DUMP_STATES)
     state: Mapped[str] = mapped_column(String(16), default="pending", index=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     chunk_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
@@ -72,6 +71,7 @@ class Chunk(Base):
     lower_key: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)  # exclusive
     upper_key: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)  # inclusive
     keys: Mapped[list[list[Any]] | None] = mapped_column(JSON, nullable=True)  # key-list chunks
+    # pending | running | selected | done | failed | cancelled
     state: Mapped[str] = mapped_column(String(16), default="pending", index=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     claimed_by: Mapped[str | None] = mapped_column(String(256), nullable=True)
