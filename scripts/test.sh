@@ -42,7 +42,7 @@ command -v "$PYTHON" >/dev/null 2>&1 || extra+=(python3)
 if command -v "$PYTHON" >/dev/null 2>&1 && ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
     extra+=(python3-venv)
 fi
-# tests/airflow/test_browser_e2e.py drives Debian's Chromium through Playwright (no download).
+# tests/provider/test_browser_e2e.py drives Debian's Chromium through Playwright (no download).
 [ -x /usr/bin/chromium ] || extra+=(chromium fonts-liberation)
 say "checking system packages"
 scripts/services.sh deps "${extra[@]}"

@@ -1,7 +1,7 @@
 """The backfill DAG as a person uses it: Airflow's trigger form in headless Chromium.
 
 Everything is real: Airflow's API server, scheduler, DAG processor and triggerer as processes
-(tests/airflow/airflow_services.py), the React UI in Debian's Chromium driven by Playwright,
+(tests/provider/airflow_services.py), the React UI in Debian's Chromium driven by Playwright,
 MariaDB, and ``dblog stream`` writing Delta. The form offers two captured tables, so choosing
 ``orders`` is a real choice; the keys mix both composite-key spellings the DAG documents, and
 the table has rows in another region with the same ids, so a key that lost its second column
