@@ -533,7 +533,7 @@ def test_mariadb_switching_semi_sync_off_releases_a_held_commit(
     other.close()
 
 
-# gtid is refused on MariaDB (the fact test above shows why; tests/engine/test_capture.py the refusal)
+# gtid is refused on MariaDB (the fact test above shows why; test_capture.py the refusal)
 @pytest.mark.parametrize("watermark", ["snapshot"])
 def test_mariadb_semi_sync_dump_during_a_held_commit_never_puts_the_old_version_back(
     semisync_mariadb: MySQLServer,
