@@ -191,7 +191,7 @@ class StreamStatus:
             behind = f"{self.lag_bytes} bytes"
             if self.lag_s is not None:
                 behind += f", {self.lag_s:.1f}s"
-            text += f": {behind} behind {self.head}"
+            text += f": {behind} behind the source (at {self.head})"
         else:
             text += ": lag unknown"
         if self.heartbeat_at is not None:

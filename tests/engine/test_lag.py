@@ -186,7 +186,7 @@ def test_health_problem_and_line() -> None:
     unknown = _status(lag_bytes=None, lag_s=None, note="source: cannot reach MySQL")
     assert unknown.problem(300, 1000) == "stream s: lag unknown (source: cannot reach MySQL)"
     assert _status(leader="h:1").line() == (
-        "stream s [running] leader h:1: 10 bytes, 1.0s behind bin.000001:10,"
+        "stream s [running] leader h:1: 10 bytes, 1.0s behind the source (at bin.000001:10),"
         " last commit 2026-01-01T00:00:00Z"
     )
     assert unknown.line().endswith(
