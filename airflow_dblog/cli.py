@@ -63,7 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requested-by", default="cli", help="who asked (stored with the dump)")
     p.set_defaults(handler=_dump)
 
-    p = sub.add_parser("status", help="show dumps and their progress")
+    p = sub.add_parser(
+        "status",
+        help="show the stream's state and lag, and dumps and their progress",
+        description="Without --dump: the stream (state, leader, bytes and seconds behind its"
+        " source) and every dump; --json prints {stream: {...}, dumps: [...]}. With --dump: that"
+        " dump only (--json: one object).",
+    )
     _config_arg(p)
     _dump_id_arg(p, required=False)
     p.add_argument("--json", action="store_true", help="print JSON (state, chunks_total, ...)")
@@ -145,9 +151,20 @@ def _status(args: argparse.Namespace) -> int:
     config, store = _load(args)
     dumps = [store.dump(args.dump)] if args.dump else store.dumps(config.name)
     progress = [store.progress(d.id).as_dict() for d in dumps]
+    stream = None
+    if not args.dump:  # the stream's lag asks the source: only when it is asked for
+        from airflow_dblog.engine.lag import stream_status
+
+        stream = stream_status(config, store)
     if args.json:
-        print(json.dumps(progress[0] if args.dump else progress, indent=2))
+        if args.dump:
+            print(json.dumps(progress[0], indent=2))
+        else:
+            assert stream is not None
+            print(json.dumps({"stream": stream.as_dict(), "dumps": progress}, indent=2))
         return 0
+    if stream is not None:
+        print(stream.line())
     if not progress:
         print(f"no dumps for stream {config.name}")
     for p in progress:

@@ -77,5 +77,6 @@ class MemoryCapture(Capture):
             str(items[-1].position) if items else None,
             bool(output),
             [closed_record(c) for c in closed],
+            self.source_ts_ms,
         )
         self.reader.acknowledge(offset)

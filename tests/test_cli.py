@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from airflow_dblog.core.position import Position
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.metadata.store import TablePlan
+from airflow_dblog.engine.metadata.store import TablePlan, utcnow
 
 CONFIG = """
 name: inventory
@@ -69,7 +71,7 @@ def test_help_lists_every_command() -> None:
 
 
 def test_status_pause_resume_cancel_set(config_file: Path, tmp_path: Path) -> None:
-    assert dblog("db", "upgrade", "-c", str(config_file)).stdout.strip().endswith("revision 0002")
+    assert dblog("db", "upgrade", "-c", str(config_file)).stdout.strip().endswith("revision 0003")
     store = MetadataStore(f"sqlite:///{tmp_path}/meta.db")
     dump_id = store.create_dump("inventory", "tables", [TablePlan("app.orders", ["id"], 50)])
 
@@ -94,6 +96,49 @@ def test_status_pause_resume_cancel_set(config_file: Path, tmp_path: Path) -> No
 
     result = dblog("set", "-c", str(config_file), "--chunk-size", "500", "--parallelism", "3")
     assert result.stdout.strip() == "stream inventory: chunk_size=500 delay_ms=0 parallelism=3"
+
+
+def test_status_shows_the_stream_state_and_lag(config_file: Path, tmp_path: Path) -> None:
+    never = json.loads(dblog("status", "-c", str(config_file), "--json").stdout)
+    assert never == {
+        "stream": {
+            "name": "inventory",
+            "state": "unknown",
+            "leader": None,
+            "lag_s": None,
+            "lag_bytes": None,
+            "position": None,
+            "head": None,
+            "heartbeat_at": None,
+            "last_event_at": None,
+            "note": "the stream never ran",
+        },
+        "dumps": [],
+    }
+    assert dblog("status", "-c", str(config_file)).stdout.splitlines() == [
+        "stream inventory [unknown]: lag unknown - the stream never ran",
+        "no dumps for stream inventory",
+    ]
+    store = MetadataStore(f"sqlite:///{tmp_path}/meta.db")
+    store.save_stream_state(
+        "inventory",
+        position=str(Position.mysql(3, 400, 0)),
+        source_offset={"reader": {"file": "bin.000003", "pos": 120}},
+        heartbeat_at=utcnow(),
+        leader="host:42",
+    )
+    store.create_dump("inventory", "tables", [TablePlan("app.orders", ["id"], 50)])
+    # the source (port 1) does not answer: the lag is unknown, the rest is shown
+    result = dblog("status", "-c", str(config_file), "--json")
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    stream = status["stream"]
+    assert (stream["state"], stream["leader"], stream["lag_bytes"]) == ("running", "host:42", None)
+    assert stream["note"].startswith("source: cannot reach MySQL at 127.0.0.1:1")
+    assert [d["state"] for d in status["dumps"]] == ["pending"]
+    lines = dblog("status", "-c", str(config_file)).stdout.splitlines()
+    assert lines[0].startswith("stream inventory [running] leader host:42: lag unknown")
+    assert "[pending]" in lines[1]
 
 
 @pytest.mark.parametrize(
@@ -155,6 +200,25 @@ def test_dump_plans_against_real_mariadb(mysql_db: Any, tmp_path: Path) -> None:
     dump_id = int(result.stdout.strip().splitlines()[-1])
     status = json.loads(run("status", "-c", str(file), "--dump", str(dump_id), "--json").stdout)
     assert (status["state"], status["chunks_total"]) == ("pending", 3)
+    # a stream that committed the binlog's end a moment ago, before 250 more rows
+    from airflow_dblog.sources.mysql import MysqlSource
+
+    with MysqlSource(mysql_db.url) as source:
+        committed = source.master_status()
+        MetadataStore(f"sqlite:///{tmp_path}/meta.db").save_stream_state(
+            "inventory",
+            position=str(source.position(*committed)),
+            source_offset={"reader": {"server": source.identity()}},
+            heartbeat_at=utcnow(),
+            source_ts_ms=int(time.time() * 1000) - 5000,
+        )
+    conn = mysql_db.connect()
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO orders VALUES (%s, %s)", [(i, "y") for i in range(250)])
+    conn.close()
+    stream = json.loads(run("status", "-c", str(file), "--json").stdout)["stream"]
+    assert stream["state"] == "running" and stream["note"] is None, stream
+    assert stream["lag_bytes"] > 1000 and stream["lag_s"] >= 5, stream  # 250 rows: ~2 kB
 
     keys = run(
         "dump", "-c", str(file), "--table", table, "--pk", '[1, "x"]', "--pk", '{"a": 2, "b": "x"}'

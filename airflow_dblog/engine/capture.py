@@ -25,6 +25,7 @@ from airflow_dblog.config import Config, DumpSettings
 from airflow_dblog.core.events import ChangeEvent, LogItem
 from airflow_dblog.core.merge import HISTORY_LIMIT, ClosedChunk, WatermarkMerge
 from airflow_dblog.engine.chunk_executor import ChunkExecutor
+from airflow_dblog.engine.lag import source_time_ms
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.metadata.store import utcnow
 from airflow_dblog.engine.signals import SignalChannel
@@ -100,6 +101,8 @@ class Capture:
         self._last_chunk_at = 0.0
         self._nothing_to_claim_at = float("-inf")
         self.signals: SignalChannel | None = None  # Kafka signals, polled with the controls
+        # the source time the log read so far stands for (engine/lag.py: seconds behind)
+        self.source_ts_ms: int | None = None
         requeued = store.requeue_inflight(config.name, keep=durable)
         if requeued:
             log.info("restart: %d chunks in flight will be selected again", requeued)
@@ -107,6 +110,7 @@ class Capture:
     def step(self, max_items: int = 5000, timeout_s: float = 0.2) -> StepResult:
         self._refresh_controls()
         items: list[LogItem] = self.reader.read(max_items, timeout_s)
+        self.source_ts_ms = source_time_ms(items, int(time.time() * 1000), self.source_ts_ms)
         output: list[ChangeEvent] = []
         for item in items:
             output.extend(self.merge.feed(item))
@@ -129,14 +133,19 @@ class Capture:
         position: str | None,
         had_events: bool,
         closed: Sequence[dict[str, Any]],
+        source_ts_ms: int | None = None,
     ) -> None:
-        """The sinks hold the batch: save where the log stands, then complete its chunks."""
+        """The sinks hold the batch: save where the log stands, then complete its chunks.
+
+        ``source_ts_ms``: the source time that position stands for (:attr:`source_ts_ms`).
+        """
         self.store.save_stream_state(
             self.config.name,
             source_offset=source_offset,
             position=position,
             heartbeat_at=utcnow(),
             **({"last_event_at": utcnow()} if had_events else {}),
+            **({"source_ts_ms": source_ts_ms} if source_ts_ms is not None else {}),
         )
         for c in closed:
             self.store.complete_chunk(c["chunk_id"], c["selected"], c["dropped"], c["emitted"])
@@ -285,6 +294,7 @@ class SpooledCapture(Capture):
                 "batch_id": self.batch_id,
                 "reader": self.reader.offset(),
                 "position": self._pending_position,
+                "source_ts_ms": self.source_ts_ms,
                 "closed": [closed_record(c) for c in self._pending_closed],
             },
         )
@@ -299,11 +309,13 @@ class SpooledCapture(Capture):
             return
         last = max(footers, key=lambda f: f["seq"])
         positions = [f["position"] for f in footers if f["position"]]
+        times = [f["source_ts_ms"] for f in footers if f.get("source_ts_ms") is not None]
         self._record_commit(
             {"reader": last["reader"], "batch_id": last["batch_id"], "segment": last["seq"]},
             max(positions) if positions else None,
             any(f["events"] for f in footers),
             [c for f in footers for c in f["closed"]],
+            max(times) if times else None,
         )
         with self._ack_lock:
             self._ack = last["reader"]

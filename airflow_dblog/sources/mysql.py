@@ -635,7 +635,11 @@ class MysqlSource(SqlSource[Position]):
 
     def binary_logs(self) -> list[str]:
         """Binlog files the server still has (``SHOW BINARY LOGS``)."""
-        return [str(row[0]) for row in self.query("SHOW BINARY LOGS")]
+        return [name for name, _ in self.binary_log_sizes()]
+
+    def binary_log_sizes(self) -> list[tuple[str, int]]:
+        """(file, size in bytes) of every binlog file the server still has, oldest first."""
+        return [(str(row[0]), int(row[1])) for row in self.query("SHOW BINARY LOGS")]
 
     def gtid_executed(self) -> str:
         """The executed GTID set: MariaDB ``@@gtid_binlog_pos``, MySQL ``@@gtid_executed``."""

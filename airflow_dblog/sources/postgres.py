@@ -523,6 +523,15 @@ class PostgresSource(SqlSource[SnapshotInfo]):
                 f"ALTER ROLE {self.settings.user} REPLICATION",
             )
 
+    def current_wal_lsn(self) -> int:
+        """Where the server's WAL ends now: ``pg_current_wal_lsn()`` (on a standby, the last
+        WAL replayed)."""
+        value = self.query(
+            "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()"
+            " ELSE pg_current_wal_lsn() END::text"
+        )[0][0]
+        return lsn_to_int(str(value))
+
     def current_snapshot(self) -> XidSnapshot:
         """``pg_current_snapshot()`` now: its xmin is the horizon every later snapshot is above."""
         return XidSnapshot.parse(str(self.query("SELECT pg_current_snapshot()::text")[0][0]))

@@ -56,3 +56,32 @@ def test_dags_import_without_errors_or_warnings(
     ]:
         outlets = bag.dags[dag_id].get_task(task_id).outlets
         assert [(type(o).__name__, o.name) for o in outlets] == [("AssetAlias", "dblog")]
+
+
+def test_health_dag_fails_unless_the_stream_runs_with_a_known_lag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    from airflow_dblog.core.position import Position
+    from airflow_dblog.engine.metadata import MetadataStore
+    from airflow_dblog.engine.metadata.store import utcnow
+    from airflow_dblog.errors import DblogError
+
+    (tmp_path / "dblog.yaml").write_text(CONFIG + "metadata: {url: sqlite:///./meta.db}\n")
+    monkeypatch.setenv("DBLOG_CONFIG", str(tmp_path / "dblog.yaml"))
+    spec = importlib.util.spec_from_file_location("dblog_health_dag", DAGS / "dblog_health.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    check = module.check_stream.function
+    with pytest.raises(DblogError, match=r"stream inventory is unknown \(the stream never ran\)"):
+        check()
+    MetadataStore(f"sqlite:///{tmp_path}/meta.db").save_stream_state(
+        "inventory", position=str(Position.mysql(1, 4)), heartbeat_at=utcnow()
+    )
+    # running, but the source (port 1) does not answer: the lag is unknown, which fails too
+    with pytest.raises(
+        DblogError, match=r"lag unknown \(source: cannot reach MySQL at 127\.0\.0\.1:1"
+    ):
+        check()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +134,32 @@ def test_hook_test_connection_reports_without_secrets(
     bad.write_text(Path(config_path).read_text().replace(f":{password}@", ":wrong-secret@"))
     ok, message = DblogHook(config_path=str(bad)).test_connection()
     assert not ok and "refused" in message and "wrong-secret" not in message
+
+
+@pytest.mark.integration
+def test_hook_stream_status_reads_real_lag(config_path: str, mysql_db: Any) -> None:
+    hook = DblogHook(config_path=config_path)
+    never = hook.stream_status()
+    assert (never.state, never.lag_bytes, never.note) == ("unknown", None, "the stream never ran")
+    from airflow_dblog.engine.metadata.store import utcnow
+    from airflow_dblog.sources.mysql import MysqlSource
+
+    with MysqlSource(mysql_db.url) as source:
+        hook.store.save_stream_state(
+            "inventory",
+            position=str(source.binlog_position()),
+            source_offset={"reader": {"server": source.identity()}},
+            heartbeat_at=utcnow(),
+            source_ts_ms=int(time.time() * 1000) - 60_000,
+            leader="worker-1:77",
+        )
+    conn = mysql_db.connect()
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO orders VALUES (%s, 'c', 1)", [(i,) for i in range(100)])
+    conn.close()
+    status = hook.stream_status()
+    assert (status.state, status.leader) == ("running", "worker-1:77")
+    assert status.lag_bytes is not None and status.lag_bytes > 500, status  # 100 small rows: ~1 kB
+    lag_s = hook.stream_lag_s()
+    assert lag_s is not None and lag_s >= 60
+    assert "bytes behind" in str(status.problem(max_lag_s=30, max_lag_bytes=1 << 30))

@@ -26,6 +26,7 @@ from workload import Db, db_for, load, source_rows, writers
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import Config, load_config
+from airflow_dblog.engine.lag import stream_status
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.errors import MetadataError
 from airflow_dblog.sinks.delta_sink import SEGMENT_BITS
@@ -89,6 +90,9 @@ def test_stream_dump_into_delta_and_kafka_converges(
         until("the dump", lambda: store.progress(dump.id).state == "done", 600, stream)
         time.sleep(2)
     _check_outputs(spark, config, db, stream)
+    lag = stream_status(config, store)  # caught up: the heartbeats carried the position along
+    assert lag.state == "running" and lag.lag_bytes is not None, lag
+    assert lag.lag_s is not None and lag.lag_s < 30, lag
     assert stream.stop() == 0
     assert counts["insert"] and counts["update"] and counts["delete"]
     assert store.progress(dump.id).rows_emitted > 0

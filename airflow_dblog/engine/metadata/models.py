@@ -111,3 +111,6 @@ class StreamState(Base):
     leader: Mapped[str | None] = mapped_column(String(256), nullable=True)
     last_event_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
+    # the source time the committed position stands for (ms since the epoch): the commit time
+    # of the last change committed, or when a heartbeat found the log read to its end
+    source_ts_ms: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

@@ -10,11 +10,11 @@ config. Operators and sensors are thin: they call these methods.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from functools import cached_property
 from typing import Any
 
 from airflow_dblog.config import Config, load_config
+from airflow_dblog.engine.lag import STALE_AFTER_S, StreamStatus, stream_status
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.metadata.store import Progress
 from airflow_dblog.engine.planner import plan_dump
@@ -71,14 +71,14 @@ class DblogHook(BaseHook):
     def set_controls(self, **settings: int | None) -> None:
         self.store.set_controls(self.config.name, **settings)
 
+    def stream_status(self, stale_after_s: float = STALE_AFTER_S) -> StreamStatus:
+        """The stream's state (running, stopped, unknown), leader, and bytes and seconds behind
+        its source (``engine/lag.py``); asks the source for its head."""
+        return stream_status(self.config, self.store, stale_after_s=stale_after_s)
+
     def stream_lag_s(self) -> float | None:
-        """Seconds since the stream last reported; None if it never ran."""
-        state = self.store.stream_state(self.config.name)
-        seen = state and (state.heartbeat_at or state.last_event_at)
-        if not seen:
-            return None
-        now = datetime.now(timezone.utc).replace(tzinfo=None)
-        return (now - seen).total_seconds()
+        """Seconds the stream is behind its source (0 when caught up); None if unknown."""
+        return self.stream_status().lag_s
 
     def test_connection(self) -> tuple[bool, str]:
         try:

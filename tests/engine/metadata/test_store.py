@@ -47,9 +47,35 @@ def _bounded_dump(
 
 
 def test_migrations_apply_once_and_are_idempotent(store: MetadataStore) -> None:
-    assert store.revision() == "0002"
+    assert store.revision() == "0003"
     store.upgrade()
-    assert store.revision() == "0002"
+    assert store.revision() == "0003"
+
+
+def test_0003_keeps_stream_state_and_adds_the_source_time(tmp_path: Path) -> None:
+    """A store at 0002 with a stream row upgrades in place: the row stays, its time is None."""
+    from alembic import command
+    from alembic.config import Config as AlembicConfig
+
+    from airflow_dblog.engine.metadata.store import MIGRATIONS
+
+    old = MetadataStore(f"sqlite:///{tmp_path}/old.db", upgrade=False)
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with old.engine.begin() as connection:
+        cfg.attributes["connection"] = connection
+        command.upgrade(cfg, "0002")
+        connection.exec_driver_sql(
+            "INSERT INTO dblog_stream_state (stream, position, fencing_token) VALUES ('s', 'p', 3)"
+        )
+    old.engine.dispose()
+    store = MetadataStore(f"sqlite:///{tmp_path}/old.db")
+    assert store.revision() == "0003"
+    state = store.stream_state("s")
+    assert state is not None and (state.position, state.source_ts_ms) == ("p", None)
+    store.save_stream_state("s", source_ts_ms=1_700_000_000_123)
+    state = store.stream_state("s")
+    assert state is not None and state.source_ts_ms == 1_700_000_000_123
 
 
 def test_a_range_dump_waits_for_the_stream_to_read_its_bound(store: MetadataStore) -> None:
