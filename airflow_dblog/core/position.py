@@ -39,6 +39,11 @@ class Position:
         """MySQL/MariaDB: the lineage epoch of the binlog history this position belongs to."""
         return self.coords[0] >> EPOCH_SHIFT
 
+    @property
+    def binlog_file_index(self) -> int:
+        """MySQL/MariaDB: the binlog file number, without the lineage epoch."""
+        return self.coords[0] & ((1 << EPOCH_SHIFT) - 1)
+
     @classmethod
     def postgres(cls, lsn: int, change: int = 0, sub: int = 0) -> Position:
         return cls((lsn, change, sub))

@@ -34,7 +34,6 @@ from typing import Any
 from airflow_dblog.config import Config
 from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem
 from airflow_dblog.core.position import (
-    EPOCH_SHIFT,
     Position,
     binlog_file_index,
     int_to_lsn,
@@ -47,8 +46,6 @@ from airflow_dblog.redact import redact
 
 STALE_AFTER_S = 60.0
 """A stream that has not committed for this long is ``stopped``."""
-
-_FILE_MASK = (1 << EPOCH_SHIFT) - 1
 
 
 # -- the arithmetic ---------------------------------------------------------------------------
@@ -119,8 +116,8 @@ def committed_binlog_point(
     """(binlog file index, offset) a MySQL/MariaDB stream committed: its last position (the
     end of the last event applied), else the reader offset it would resume from."""
     if position:
-        coords = Position.parse(position).coords
-        return coords[0] & _FILE_MASK, coords[1]
+        committed = Position.parse(position)
+        return committed.binlog_file_index, committed.coords[1]
     reader = (source_offset or {}).get("reader") or {}
     if isinstance(reader.get("file"), str) and reader.get("pos") is not None:
         return binlog_file_index(reader["file"]), int(reader["pos"])

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from airflow_dblog.config import Config, DeltaSinkConfig
+from airflow_dblog.config import Config
 from airflow_dblog.core.events import TableId
 from airflow_dblog.sinks.delta_sink import table_path
 from airflow_dblog.sinks.kafka_sink import topic_name
@@ -74,7 +74,7 @@ def refreshed(
     out = []
     for table in (TableId.parse(t) if isinstance(t, str) else t for t in tables):
         if config.delta is not None and "delta" in sinks:
-            location = table_path(DeltaSinkConfig(path=config.delta.path), table)
+            location = table_path(config.delta, table)
             out.append(Refreshed("delta", table, storage_uri(location)))
         if config.kafka is not None and "kafka" in sinks:
             topic = topic_name(config.kafka.topic_prefix, table)

@@ -197,6 +197,7 @@ def test_a_new_lineage_epoch_sorts_after_every_position_of_the_old_one() -> None
     old = Position.mysql(999_999, 1 << 40, 7, 3)
     new = Position.mysql(1, 4, epoch=1)
     assert new > old and str(new) > str(old) and (old.epoch, new.epoch) == (0, 1)
+    assert (old.binlog_file_index, new.binlog_file_index) == (999_999, 1)
     assert str(Position.mysql(3, 120)) == str(Position.parse(str(Position.mysql(3, 120))))
 
 
