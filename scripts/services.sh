@@ -5,18 +5,41 @@
 #   scripts/services.sh down [SERVICE...]  stop
 #   scripts/services.sh status             show state, ports, pids and logs (exit 1 if any is down)
 #   scripts/services.sh env                print `export DBLOG_..._PORT=...` lines (eval-able)
-#   scripts/services.sh spark-jars         cache Spark's Delta + Kafka connector jars (also run by up)
+#   scripts/services.sh spark-jars         cache Spark's Delta, Kafka and S3A connector jars (also run by up)
 #   scripts/services.sh kafka-jars         cache the Kafka broker jars (also run by up)
 #   scripts/services.sh deps [PKG...]      apt-get install what is missing (also run by up)
 #   scripts/services.sh clean              down, then delete all service state (not the jar cache)
 #
-# SERVICE is one of: mariadb postgres zookeeper kafka. Everything listens on 127.0.0.1 only.
+# SERVICE is one of: mariadb postgres zookeeper kafka object-store spark (= spark-master,
+# spark-worker-1, spark-worker-2; each can be named alone). Everything listens on loopback only:
+# 127.0.0.1, and the Spark workers on 127.0.0.2 and 127.0.0.3 (two "hosts").
+#
+# spark: a standalone master at spark://127.0.0.1:7077 and two workers (1 core, 2g each), run from
+# the installed PySpark's own jars and launcher classes. Each worker runs in its own mount
+# namespace (so do the executors it starts) in which the driver's disk is hidden behind empty
+# tmpfs mounts: the checkout ($REPO_ROOT: the default state dir, config-relative checkpoints and
+# sinks, the editable install's sources), /tmp (pytest's tmp_path, tempfile, the driver's Spark
+# local dirs) and every directory in DBLOG_SPARK_HIDE. Visible again through bind mounts: the
+# Python environment (PySpark, the executors' interpreter), the connector jar cache and the
+# worker's own directory. Anything a task reads from the driver's disk fails there, as on a real
+# cluster; the databases, Kafka and the object store are reached over loopback TCP as usual.
+# Needs root (or unprivileged user namespaces) for unshare(1).
+#
+# object-store: moto's S3 server (the `moto[server]` package in the Python environment, kept in
+# memory) on http://127.0.0.1:9000 with a bucket `dblog`; any key id/secret is accepted, `env`
+# exports AWS_ACCESS_KEY_ID=dblog, AWS_SECRET_ACCESS_KEY=dblogdblog, AWS_REGION=us-east-1.
 #
 # Environment (defaults in brackets):
 #   DBLOG_SERVICES_DIR   state: data dirs, logs, pid files   [<repo>/.dblog-services]
 #   DBLOG_CACHE_DIR      downloaded jars, once per machine   [$HOME/.cache/airflow-dblog]
 #   DBLOG_MYSQL_PORT [3306]  DBLOG_PG_PORT [5432]  DBLOG_ZK_PORT [2181]
 #   DBLOG_KAFKA_PORT [9092]  DBLOG_KAFKA_CONTROLLER_PORT [9093]
+#   DBLOG_S3_PORT [9000]  DBLOG_SPARK_PORT [7077]  DBLOG_SPARK_UI_PORT [8090, the master's web UI]
+#   DBLOG_SPARK_WORKER_PORT [7078: worker 1; worker 2 gets the next port]
+#   DBLOG_SPARK_WORKER_MEMORY [2g]  DBLOG_SPARK_WORKER_CORES [1]
+#   DBLOG_PYTHON         the Python environment the workers' executors and moto run from
+#                        [<repo>/.venv/bin/python]
+#   DBLOG_SPARK_HIDE     more directories to hide from the workers, colon-separated
 #   DBLOG_DELTA_VERSION  io.delta:delta-spark_4.2_2.13 version [4.4.0, matching the Python package]
 #   DBLOG_NO_APT=1       never call apt-get; fail with the list of missing packages instead
 #
@@ -41,7 +64,17 @@ SPARK_VERSION=4.2.0
 SCALA_BINARY=2.13
 DELTA_VERSION=${DBLOG_DELTA_VERSION:-4.4.0}
 JACKSON_VERSION=2.21.2 # pyspark 4.2.0's jackson; delta-kernel's jdk8 module is aligned to it
-ALL_SERVICES=(mariadb postgres zookeeper kafka)
+S3_PORT=${DBLOG_S3_PORT:-9000}
+SPARK_PORT=${DBLOG_SPARK_PORT:-7077}
+SPARK_UI_PORT=${DBLOG_SPARK_UI_PORT:-8090}
+SPARK_WORKER_PORT=${DBLOG_SPARK_WORKER_PORT:-7078}
+SPARK_WORKER_MEMORY=${DBLOG_SPARK_WORKER_MEMORY:-2g}
+SPARK_WORKER_CORES=${DBLOG_SPARK_WORKER_CORES:-1}
+PYTHON_BIN=${DBLOG_PYTHON:-$REPO_ROOT/.venv/bin/python}
+HADOOP_VERSION=3.5.0 # pyspark 4.2.0's hadoop-client-api/runtime
+AWS_SDK_VERSION=2.35.4 # what hadoop-aws 3.5.0 is built against
+S3_BUCKET=dblog
+ALL_SERVICES=(mariadb postgres zookeeper kafka object-store spark-master spark-worker-1 spark-worker-2)
 
 KAFKA_LIBS=$CACHE/kafka-$KAFKA_VERSION/libs
 SPARK_JARS=$CACHE/spark-jars-$SPARK_VERSION
@@ -54,13 +87,14 @@ die() {
 
 case "$DIR" in /*) ;; *) DIR=$PWD/$DIR ;; esac
 case "$CACHE" in /*) ;; *) CACHE=$PWD/$CACHE ;; esac
+case "$PYTHON_BIN" in /*) ;; *) PYTHON_BIN=$PWD/$PYTHON_BIN ;; esac
 
 # ---------------------------------------------------------------------------------------------
 # helpers
 
 is_root() { [ "$(id -u)" -eq 0 ]; }
 
-port_open() { (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null; }
+port_open() { (exec 3<>"/dev/tcp/${2:-$HOST}/$1") 2>/dev/null; }
 
 pidfile() { echo "$DIR/run/$1.pid"; }
 
@@ -85,12 +119,25 @@ marker() {
     esac
 }
 
+# Each Spark worker is its own "host", 127.0.0.(1+N) (all of 127/8 is loopback): executors on
+# one host read each other's shuffle files from disk, which another machine cannot (and which
+# the workers' separate mount namespaces forbid); everything else is on $HOST.
+service_host() {
+    case $1 in
+        spark-worker-*) echo "127.0.0.$((1 + ${1#spark-worker-}))" ;;
+        *) echo "$HOST" ;;
+    esac
+}
+
 service_port() {
     case $1 in
         mariadb) echo "$MYSQL_PORT" ;;
         postgres) echo "$PG_PORT" ;;
         zookeeper) echo "$ZK_PORT" ;;
         kafka) echo "$KAFKA_PORT" ;;
+        object-store) echo "$S3_PORT" ;;
+        spark-master) echo "$SPARK_PORT" ;;
+        spark-worker-*) echo $((SPARK_WORKER_PORT + ${1#spark-worker-} - 1)) ;;
     esac
 }
 
@@ -108,11 +155,11 @@ show_log_tail() {
 
 # Refuse to start when somebody else listens on our port: a clear message beats a bind error.
 check_port_free() {
-    local svc=$1 port=$2 var=$3
-    if port_open "$port"; then
+    local svc=$1 port=$2 var=$3 host=${4:-$HOST}
+    if port_open "$port" "$host"; then
         local who
         who=$(ss -Hltnp "sport = :$port" 2>/dev/null | sed -n 's/.*users:((\("[^"]*"\).*/\1/p' | head -n1)
-        die "$svc: port $port on $HOST is already in use by another process ${who:+($who) }that" \
+        die "$svc: port $port on $host is already in use by another process ${who:+($who) }that" \
             "this script did not start; stop it (e.g. systemctl stop ...) or set $var to a free port"
     fi
 }
@@ -316,6 +363,7 @@ cmd_spark_jars() {
     local out=$SPARK_JARS
     local want="io.delta:delta-spark_4.2_$SCALA_BINARY:$DELTA_VERSION"
     want+=" org.apache.spark:spark-sql-kafka-0-10_$SCALA_BINARY:$SPARK_VERSION"
+    want+=" org.apache.hadoop:hadoop-aws:$HADOOP_VERSION software.amazon.awssdk:$AWS_SDK_VERSION"
     if [ -f "$out/.complete" ] && [ "$(cat "$out/.complete")" = "$want" ]; then
         return 0
     fi
@@ -323,7 +371,7 @@ cmd_spark_jars() {
     exec 7>"$out/.lock"
     flock -w 900 7 || die "timed out waiting for another download into $out"
     if [ -f "$out/.complete" ] && [ "$(cat "$out/.complete")" = "$want" ]; then return 0; fi
-    log "resolving Spark connector jars (Delta $DELTA_VERSION, Kafka source) into $out (once per machine)"
+    log "resolving Spark connector jars (Delta $DELTA_VERSION, Kafka source, S3A) into $out (once per machine)"
     local work=$out/.maven
     mkdir -p "$work/provided" "$work/connectors"
     cat >"$work/provided/pom.xml" <<EOF
@@ -351,6 +399,16 @@ EOF
   <dependencies>
     <dependency><groupId>io.delta</groupId><artifactId>delta-spark_4.2_$SCALA_BINARY</artifactId><version>$DELTA_VERSION</version></dependency>
     <dependency><groupId>org.apache.spark</groupId><artifactId>spark-sql-kafka-0-10_$SCALA_BINARY</artifactId><version>$SPARK_VERSION</version></dependency>
+    <!-- s3a://: hadoop-aws with the AWS SDK v2 modules it uses instead of the SDK's 686 MB
+         "bundle" (15 MB; every executor copies spark.jars). KMS encryption and S3 Access Grants,
+         which need more modules, are not included. -->
+    <dependency><groupId>org.apache.hadoop</groupId><artifactId>hadoop-aws</artifactId><version>$HADOOP_VERSION</version>
+      <exclusions><exclusion><groupId>software.amazon.awssdk</groupId><artifactId>bundle</artifactId></exclusion></exclusions></dependency>
+    <dependency><groupId>software.amazon.awssdk</groupId><artifactId>s3</artifactId><version>$AWS_SDK_VERSION</version></dependency>
+    <dependency><groupId>software.amazon.awssdk</groupId><artifactId>s3-transfer-manager</artifactId><version>$AWS_SDK_VERSION</version></dependency>
+    <dependency><groupId>software.amazon.awssdk</groupId><artifactId>sts</artifactId><version>$AWS_SDK_VERSION</version></dependency>
+    <dependency><groupId>software.amazon.awssdk</groupId><artifactId>apache-client</artifactId><version>$AWS_SDK_VERSION</version></dependency>
+    <dependency><groupId>software.amazon.awssdk</groupId><artifactId>netty-nio-client</artifactId><version>$AWS_SDK_VERSION</version></dependency>
     <!-- provided: keeps Maven's version mediation identical to pyspark's classpath -->
     <dependency><groupId>org.apache.spark</groupId><artifactId>spark-sql_$SCALA_BINARY</artifactId><version>$SPARK_VERSION</version><scope>provided</scope></dependency>
   </dependencies>
@@ -717,6 +775,180 @@ EOF
 }
 
 # ---------------------------------------------------------------------------------------------
+# Object store (moto's S3 server from the Python environment, in memory)
+
+python_env_bin() {
+    [ -x "$PYTHON_BIN" ] || die "$PYTHON_BIN not found: the object store and the Spark workers run" \
+        "from the project's Python environment; create it (scripts/test.sh does, or" \
+        "python3 -m venv .venv && .venv/bin/pip install -e '.[test]') or set DBLOG_PYTHON"
+    echo "$PYTHON_BIN"
+}
+
+s3_ready() { "$PYTHON_BIN" -c "
+import sys, urllib.request
+urllib.request.urlopen('http://$HOST:$S3_PORT/$S3_BUCKET', timeout=3)" 2>/dev/null; }
+
+start_object-store() {
+    if [ -n "$(service_pid object-store)" ]; then
+        wait_for object-store 60 port_open "$S3_PORT"
+        log "object-store already running on http://$HOST:$S3_PORT"
+        return 0
+    fi
+    check_port_free object-store "$S3_PORT" DBLOG_S3_PORT
+    local py
+    py=$(python_env_bin)
+    "$py" -c 'import moto.server, flask' 2>/dev/null \
+        || die "moto's S3 server is not installed in $py's environment; run: $py -m pip install 'moto[server]'" \
+            "(it is in the [test] extra)"
+    mkdir -p "$DIR/object-store"
+    log "starting object-store (moto S3) on http://$HOST:$S3_PORT"
+    # The state dir in argv is the marker service_pid looks for.
+    (cd "$DIR/object-store" && spawn object-store "$py" -c \
+        'import sys; from moto.server import main; main(sys.argv[2:])' "$DIR/object-store" \
+        -H "$HOST" -p "$S3_PORT")
+    wait_for object-store 60 port_open "$S3_PORT"
+    # moto accepts any credentials; a plain PUT creates the bucket (idempotent: 200 if it exists)
+    "$py" - "http://$HOST:$S3_PORT/$S3_BUCKET" <<'PY' || die "could not create bucket $S3_BUCKET"
+import sys, urllib.request
+urllib.request.urlopen(urllib.request.Request(sys.argv[1], method="PUT"), timeout=10).read()
+PY
+    wait_for object-store 30 s3_ready
+    log "object-store ready on http://$HOST:$S3_PORT (bucket $S3_BUCKET)"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Spark standalone cluster (PySpark's own jars and launcher classes)
+
+spark_home() {
+    local py home
+    py=$(python_env_bin)
+    home=$("$py" -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))' 2>/dev/null) \
+        || die "pyspark is not installed in $py's environment (pip install -e '.[spark]')"
+    [ -d "$home/jars" ] || die "$home/jars not found: is pyspark $SPARK_VERSION installed?"
+    echo "$home"
+}
+
+spark_master_url() { echo "spark://$HOST:$SPARK_PORT"; }
+
+# The master's JSON view: ready once it answers; a worker is ready once it is ALIVE there.
+spark_master_json() { "$PYTHON_BIN" -c "
+import urllib.request
+print(urllib.request.urlopen('http://$HOST:$SPARK_UI_PORT/json/', timeout=3).read().decode())"; }
+spark_worker_alive() {
+    spark_master_json | "$PYTHON_BIN" -c "
+import json, sys
+workers = json.load(sys.stdin)['workers']
+sys.exit(0 if any(w['host'] == '$1' and w['port'] == $2 and w['state'] == 'ALIVE' for w in workers) else 1)"
+}
+
+start_spark-master() {
+    local d=$DIR/spark-master
+    if [ -n "$(service_pid spark-master)" ]; then
+        wait_for spark-master 60 spark_master_json
+        log "spark-master already running at $(spark_master_url)"
+        return 0
+    fi
+    check_port_free spark-master "$SPARK_PORT" DBLOG_SPARK_PORT
+    check_port_free spark-master-ui "$SPARK_UI_PORT" DBLOG_SPARK_UI_PORT
+    local java home
+    java=$(find_java) || die "java not found; run scripts/services.sh deps"
+    home=$(spark_home)
+    mkdir -p "$d"
+    log "starting spark-master at $(spark_master_url) (web UI http://$HOST:$SPARK_UI_PORT)"
+    (cd "$d" && SPARK_HOME=$home SPARK_LOCAL_IP=$HOST spawn spark-master "$java" -Xms128m -Xmx512m \
+        -Ddblog.service="$d" -Dspark.master.rest.enabled=false -cp "$home/jars/*" \
+        org.apache.spark.deploy.master.Master --host "$HOST" --port "$SPARK_PORT" \
+        --webui-port "$SPARK_UI_PORT")
+    wait_for spark-master 90 spark_master_json
+    log "spark-master ready at $(spark_master_url)"
+}
+
+# Directories hidden from the workers (see the header), one per line.
+spark_hidden_dirs() {
+    echo "$REPO_ROOT"
+    echo /tmp
+    local IFS=:
+    local h
+    for h in ${DBLOG_SPARK_HIDE:-}; do [ -n "$h" ] && echo "$h"; done
+    return 0
+}
+
+# Runs inside the worker's new mount namespace (as `services.sh _spark-worker-ns N`): hide the
+# driver's directories behind empty tmpfs mounts, bind back what the worker needs, exec the
+# worker. bash keeps this script open by descriptor, so hiding the checkout does not stop it.
+spark_worker_ns() {
+    local n=$1 d=$DIR/spark-worker-$1 home java venv host
+    host=$(service_host "spark-worker-$n")
+    home=$(spark_home)
+    java=$(find_java)
+    venv=$("$PYTHON_BIN" -c 'import sys; print(sys.prefix)')
+    local -a keep=("$venv" "$home" "$SPARK_JARS" "$d")
+    # stage: bind the kept paths to a private tmpfs before they disappear
+    local stage
+    stage=$(mktemp -d /run/dblog-spark-worker.XXXXXX)
+    mount -t tmpfs -o size=1m,mode=700 dblog-stage "$stage"
+    local i=0 k h
+    for k in "${keep[@]}"; do
+        mkdir "$stage/$i"
+        mount --bind "$k" "$stage/$i"
+        i=$((i + 1))
+    done
+    while IFS= read -r h; do
+        [ -d "$h" ] || continue
+        mount -t tmpfs -o size=256m,mode=1777 dblog-hidden "$h"
+    done < <(spark_hidden_dirs)
+    i=0
+    for k in "${keep[@]}"; do
+        mkdir -p "$k"
+        mount --bind "$stage/$i" "$k"
+        umount "$stage/$i"
+        i=$((i + 1))
+    done
+    umount "$stage"
+    rmdir "$stage"
+    cd "$d"
+    # SPARK_SCALA_VERSION: the executor launcher otherwise looks for a source build (what
+    # bin/load-spark-env.sh sets for spark-submit)
+    export SPARK_HOME=$home SPARK_SCALA_VERSION=$SCALA_BINARY SPARK_LOCAL_IP=$host
+    export SPARK_LOCAL_DIRS=$d/local PYSPARK_PYTHON=$PYTHON_BIN
+    export SPARK_WORKER_DIR=$d/work
+    exec "$java" -Xms128m -Xmx512m -Ddblog.service="$d" -cp "$home/jars/*" \
+        org.apache.spark.deploy.worker.Worker --host "$host" --port "$(service_port "spark-worker-$n")" \
+        --webui-port 0 --cores "$SPARK_WORKER_CORES" --memory "$SPARK_WORKER_MEMORY" \
+        --work-dir "$d/work" "$(spark_master_url)"
+}
+
+start_spark_worker() {
+    local n=$1 svc=spark-worker-$1 d=$DIR/spark-worker-$1 port host
+    port=$(service_port "$svc")
+    host=$(service_host "$svc")
+    if [ -n "$(service_pid "$svc")" ]; then
+        wait_for "$svc" 60 spark_worker_alive "$host" "$port"
+        log "$svc already running ($host:$port)"
+        return 0
+    fi
+    [ -n "$(service_pid spark-master)" ] || start_spark-master
+    check_port_free "$svc" "$port" DBLOG_SPARK_WORKER_PORT "$host"
+    find_java >/dev/null || die "java not found; run scripts/services.sh deps"
+    spark_home >/dev/null
+    command -v unshare >/dev/null 2>&1 || die "unshare not found (util-linux)"
+    local -a ns=(unshare --mount --propagation private)
+    is_root || ns=(unshare --user --map-root-user --mount --propagation private)
+    "${ns[@]}" true 2>/dev/null || die "$svc: cannot create a mount namespace (${ns[*]});" \
+        "run as root or enable unprivileged user namespaces"
+    cmd_spark_jars
+    rm -rf "$d/work" "$d/local"
+    mkdir -p "$d/work" "$d/local"
+    log "starting $svc ($host:$port, $SPARK_WORKER_CORES core(s), $SPARK_WORKER_MEMORY) in its own mount namespace"
+    # "$d" in argv: the marker service_pid looks for, before bash execs the worker's java
+    spawn "$svc" "${ns[@]}" bash "${BASH_SOURCE[0]}" _spark-worker-ns "$n" "$d"
+    wait_for "$svc" 90 spark_worker_alive "$host" "$port"
+    log "$svc ready"
+}
+start_spark-worker-1() { start_spark_worker 1; }
+start_spark-worker-2() { start_spark_worker 2; }
+
+# ---------------------------------------------------------------------------------------------
 # commands
 
 svc_list() {
@@ -725,10 +957,12 @@ svc_list() {
         return 0
     fi
     local s
+    # shellcheck disable=SC2046 # `spark` names the master and both workers
+    set -- $(printf '%s\n' "$@" | sed 's/^spark$/spark-master spark-worker-1 spark-worker-2/')
     for s in "$@"; do
         case " ${ALL_SERVICES[*]} " in
             *" $s "*) ;;
-            *) die "unknown service '$s'; choose from: ${ALL_SERVICES[*]}" ;;
+            *) die "unknown service '$s'; choose from: ${ALL_SERVICES[*]} spark" ;;
         esac
     done
     echo "$@"
@@ -760,11 +994,12 @@ cmd_down() {
     }
     with_lock
     local s
-    # reverse order: kafka, zookeeper, postgres, mariadb
+    # reverse order: the spark workers, spark-master, object-store, kafka, zookeeper, ...
     for s in $(echo "$services" | tr ' ' '\n' | tac); do
         case $s in
             postgres) stop_pid postgres INT 30 QUIT 15 ;; # INT = fast shutdown (TERM waits for clients)
             kafka) stop_pid kafka TERM 60 ;;
+            spark-*) stop_pid "$s" TERM 30 ;; # a worker kills its executors on TERM
             *) stop_pid "$s" TERM 60 ;;
         esac
     done
@@ -772,18 +1007,19 @@ cmd_down() {
 }
 
 cmd_status() {
-    local s pid port state rc=0
-    printf '%-10s %-5s %-16s %-8s %s\n' SERVICE STATE ADDRESS PID LOG
+    local s pid port host state rc=0
+    printf '%-14s %-5s %-16s %-8s %s\n' SERVICE STATE ADDRESS PID LOG
     for s in "${ALL_SERVICES[@]}"; do
         pid=$(service_pid "$s")
         port=$(service_port "$s")
-        if [ -n "$pid" ] && port_open "$port"; then
+        host=$(service_host "$s")
+        if [ -n "$pid" ] && port_open "$port" "$host"; then
             state=up
         else
             state=down
             rc=1
         fi
-        printf '%-10s %-5s %-16s %-8s %s\n' "$s" "$state" "$HOST:$port" "${pid:--}" "$(logfile "$s")"
+        printf '%-14s %-5s %-16s %-8s %s\n' "$s" "$state" "$host:$port" "${pid:--}" "$(logfile "$s")"
     done
     if [ -f "$SPARK_JARS/.complete" ]; then
         printf 'spark jars: %s\n' "$SPARK_JARS"
@@ -801,6 +1037,11 @@ export DBLOG_MYSQL_PORT=$MYSQL_PORT
 export DBLOG_PG_PORT=$PG_PORT
 export DBLOG_ZK_PORT=$ZK_PORT
 export DBLOG_KAFKA_PORT=$KAFKA_PORT
+export DBLOG_SPARK_MASTER=$(spark_master_url)
+export DBLOG_S3_ENDPOINT=http://$HOST:$S3_PORT
+export AWS_ACCESS_KEY_ID=dblog
+export AWS_SECRET_ACCESS_KEY=dblogdblog
+export AWS_REGION=us-east-1
 EOF
 }
 
@@ -826,6 +1067,7 @@ main() {
         status) cmd_status ;;
         env) cmd_env ;;
         spark-jars) cmd_spark_jars ;;
+        _spark-worker-ns) spark_worker_ns "$1" ;; # internal: see start_spark_worker
         kafka-jars) cmd_kafka_jars ;;
         deps) cmd_deps "$@" ;;
         clean) cmd_clean ;;

@@ -1,18 +1,27 @@
-"""Spark's connector jars (Delta Lake, Kafka source) and the one SparkSession builder.
+"""Spark's connector jars (Delta Lake, Kafka source, S3A) and the one SparkSession builder.
 
-``scripts/services.sh spark-jars`` resolves ``io.delta:delta-spark_4.2_2.13`` and
-``org.apache.spark:spark-sql-kafka-0-10_2.13`` with their runtime dependencies, minus what
-pyspark already ships, into ``${DBLOG_CACHE_DIR:-~/.cache/airflow-dblog}/spark-jars-4.2.0/``.
+``scripts/services.sh spark-jars`` resolves ``io.delta:delta-spark_4.2_2.13``,
+``org.apache.spark:spark-sql-kafka-0-10_2.13`` and ``org.apache.hadoop:hadoop-aws`` with their
+runtime dependencies, minus what pyspark already ships, into
+``${DBLOG_CACHE_DIR:-~/.cache/airflow-dblog}/spark-jars-4.2.0/``.
 A session built here puts exactly those jars on ``spark.jars``: nothing is downloaded when a job
 starts. ``DBLOG_SPARK_JARS_DIR`` points somewhere else (e.g. a cluster image's jar directory).
 Without either (an installed wheel, no ``scripts/``), the first session downloads the same jars
 (:data:`CONNECTOR_JARS`) from Maven Central into that cache, each checked against Central's SHA-1.
+
+On a cluster master (``spark://``, ``yarn``, ``k8s://``, or none given: spark-submit's) the
+session ships this package to the executors as a zip (``addPyFile``), so they run the driver's
+code whatever is (or is not) installed on them; ``s3a://`` paths get the endpoint, path-style
+access and region from ``DBLOG_S3_ENDPOINT`` / ``AWS_REGION`` (a ``spark.hadoop.fs.s3a.*`` key in
+the config's ``spark.conf`` wins) and credentials from Hadoop's default provider chain
+(``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``, instance roles, ...).
 
 Importing this module does not import pyspark; :func:`build_spark_session` does.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import logging
@@ -21,7 +30,8 @@ import shutil
 import sys
 import tempfile
 import urllib.request
-from collections.abc import Mapping
+import zipfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,14 +43,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SPARK_VERSION = "4.2.0"
+HADOOP_VERSION = "3.5.0"  # pyspark 4.2.0's hadoop-client-api/runtime
+AWS_SDK_VERSION = "2.35.4"  # what hadoop-aws 3.5.0 is built against
 PACKAGES = (
     "io.delta:delta-spark_4.2_2.13:4.4.0",
     f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION}",
+    # s3a://, with the AWS SDK v2 modules it uses (s3, s3-transfer-manager, sts, apache-client,
+    # netty-nio-client) instead of the SDK's 686 MB bundle: 15 MB, and every executor copies
+    # spark.jars. (KMS encryption and S3 Access Grants would need more modules.)
+    f"org.apache.hadoop:hadoop-aws:{HADOOP_VERSION}",
 )
 # PACKAGES' runtime closure minus what pyspark ships: what scripts/services.sh resolves with
 # Maven (tests/spark/test_session.py checks that the two agree)
 CONNECTOR_JARS = (
     "com.fasterxml.jackson.datatype:jackson-datatype-jdk8:2.21.2",
+    "commons-logging:commons-logging:1.2",
     "io.delta:delta-kernel-api:4.4.0",
     "io.delta:delta-kernel-defaults:4.4.0",
     "io.delta:delta-kernel-unitycatalog:4.4.0",
@@ -49,9 +66,48 @@ CONNECTOR_JARS = (
     "io.unitycatalog:unitycatalog-client:0.6.0",
     "io.unitycatalog:unitycatalog-hadoop:0.6.0",
     "org.apache.commons:commons-pool2:2.13.1",
+    "org.apache.hadoop:hadoop-aws:3.5.0",
+    "org.apache.httpcomponents:httpclient:4.5.13",
+    "org.apache.httpcomponents:httpcore:4.4.16",
     "org.apache.kafka:kafka-clients:3.9.2",
     f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION}",
     f"org.apache.spark:spark-token-provider-kafka-0-10_2.13:{SPARK_VERSION}",
+    "org.reactivestreams:reactive-streams:1.0.4",
+    "org.wildfly.openssl:wildfly-openssl:2.2.5.Final",
+    "software.amazon.awssdk:annotations:2.35.4",
+    "software.amazon.awssdk:apache-client:2.35.4",
+    "software.amazon.awssdk:arns:2.35.4",
+    "software.amazon.awssdk:auth:2.35.4",
+    "software.amazon.awssdk:aws-core:2.35.4",
+    "software.amazon.awssdk:aws-query-protocol:2.35.4",
+    "software.amazon.awssdk:aws-xml-protocol:2.35.4",
+    "software.amazon.awssdk:checksums-spi:2.35.4",
+    "software.amazon.awssdk:checksums:2.35.4",
+    "software.amazon.awssdk:crt-core:2.35.4",
+    "software.amazon.awssdk:endpoints-spi:2.35.4",
+    "software.amazon.awssdk:http-auth-aws-eventstream:2.35.4",
+    "software.amazon.awssdk:http-auth-aws:2.35.4",
+    "software.amazon.awssdk:http-auth-spi:2.35.4",
+    "software.amazon.awssdk:http-auth:2.35.4",
+    "software.amazon.awssdk:http-client-spi:2.35.4",
+    "software.amazon.awssdk:identity-spi:2.35.4",
+    "software.amazon.awssdk:json-utils:2.35.4",
+    "software.amazon.awssdk:metrics-spi:2.35.4",
+    "software.amazon.awssdk:netty-nio-client:2.35.4",
+    "software.amazon.awssdk:profiles:2.35.4",
+    "software.amazon.awssdk:protocol-core:2.35.4",
+    "software.amazon.awssdk:regions:2.35.4",
+    "software.amazon.awssdk:retries-spi:2.35.4",
+    "software.amazon.awssdk:retries:2.35.4",
+    "software.amazon.awssdk:s3-transfer-manager:2.35.4",
+    "software.amazon.awssdk:s3:2.35.4",
+    "software.amazon.awssdk:sdk-core:2.35.4",
+    "software.amazon.awssdk:sts:2.35.4",
+    "software.amazon.awssdk:third-party-jackson-core:2.35.4",
+    "software.amazon.awssdk:utils-lite:2.35.4",
+    "software.amazon.awssdk:utils:2.35.4",
+    "software.amazon.eventstream:eventstream:1.0.1",
+    "software.amazon.s3.analyticsaccelerator:analyticsaccelerator-s3:1.3.1",
 )
 MAVEN_REPO = "https://repo1.maven.org/maven2"
 FIX = (
@@ -101,7 +157,7 @@ def fetch_jars(repo: str = MAVEN_REPO) -> Path:
     second process doing the same) never looks complete.
     """
     directory = spark_jars_dir()
-    if (directory / ".complete").is_file():
+    if _complete(directory):
         return directory
     log.info("downloading Spark's connector jars from %s into %s", repo, directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -122,10 +178,19 @@ def fetch_jars(repo: str = MAVEN_REPO) -> Path:
             (Path(work) / name).write_bytes(body)
         (Path(work) / ".complete").write_text(" ".join(PACKAGES) + "\n")
         with contextlib.suppress(OSError):  # another process finished first: keep its copy
-            if directory.exists() and not (directory / ".complete").is_file():
+            if directory.exists() and not _complete(directory):
                 shutil.rmtree(directory)
             os.rename(work, directory)
     return directory
+
+
+def _complete(directory: Path) -> bool:
+    """Finished (``.complete``) and holding every pinned jar: a cache from an older release,
+    before a connector was added, is downloaded again."""
+    if not (directory / ".complete").is_file():
+        return False
+    have = {p.name for p in directory.glob("*.jar")}
+    return all("{1}-{2}.jar".format(*c.split(":")) in have for c in CONNECTOR_JARS)
 
 
 def jar_conf() -> dict[str, str]:
@@ -141,15 +206,80 @@ def _conf_value(value: Any) -> str:
     return str(value)
 
 
+def s3a_conf(paths: Iterable[str | None] = (), conf: Mapping[str, Any] | None = None) -> dict:
+    """``spark.hadoop.fs.s3a.*`` settings for an S3-compatible store, or ``{}``.
+
+    Applied when one of ``paths`` is ``s3a://`` or ``DBLOG_S3_ENDPOINT`` is set. The endpoint is
+    ``conf``'s ``spark.hadoop.fs.s3a.endpoint`` or ``DBLOG_S3_ENDPOINT`` (none: AWS itself);
+    a custom endpoint gets path-style access (MinIO, moto, Ceph) and, for ``http://``, no TLS.
+    The region is ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``; ``us-east-1`` for a custom
+    endpoint). Credentials are not set here: Hadoop's default provider chain reads
+    ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (Spark also copies those from the driver's
+    environment into the Hadoop configuration that tasks carry to the executors), or an
+    instance/pod role.
+    """
+    conf = conf or {}
+    env_endpoint = os.environ.get("DBLOG_S3_ENDPOINT", "").strip()
+    if not env_endpoint and not any(str(p or "").startswith("s3a://") for p in paths):
+        return {}
+    out: dict[str, str] = {}
+    endpoint = str(conf.get("spark.hadoop.fs.s3a.endpoint") or env_endpoint)
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if endpoint:
+        out["spark.hadoop.fs.s3a.endpoint"] = endpoint
+        out["spark.hadoop.fs.s3a.path.style.access"] = "true"
+        if endpoint.startswith("http://"):
+            out["spark.hadoop.fs.s3a.connection.ssl.enabled"] = "false"
+        region = region or "us-east-1"
+    if region:
+        out["spark.hadoop.fs.s3a.endpoint.region"] = region
+    log.info("s3a: endpoint %s, region %s", endpoint or "AWS", region or "(SDK default)")
+    return out
+
+
+_PACKAGE_ZIP: list[str] = []
+
+
+def package_zip() -> str:
+    """A zip of the ``airflow_dblog`` package this driver runs (``.py`` files and package data),
+    built once per process, for executors (``SparkContext.addPyFile``). An editable install
+    points into a source checkout the executors may not see; the zip needs nothing on them."""
+    if _PACKAGE_ZIP:
+        return _PACKAGE_ZIP[0]
+    import airflow_dblog
+
+    root = Path(airflow_dblog.__file__).resolve().parent
+    work = tempfile.mkdtemp(prefix="dblog-pyfiles-")
+    atexit.register(shutil.rmtree, work, True)
+    target = Path(work) / "airflow_dblog.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                zf.write(path, Path("airflow_dblog") / path.relative_to(root))
+    _PACKAGE_ZIP.append(str(target))
+    return str(target)
+
+
+def _loopback(master: str) -> bool:
+    """``local[...]``, or a cluster master on this machine's loopback interface."""
+    if master.startswith("local"):
+        return True
+    host = master.split("://", 1)[-1].split(":", 1)[0]
+    return host in ("127.0.0.1", "localhost")
+
+
 def build_spark_session(
     app_name: str,
     master: str | None = "local[*]",
     extra_conf: Mapping[str, Any] | None = None,
+    paths: Iterable[str | None] = (),
 ) -> SparkSession:
-    """A SparkSession with Delta Lake and the Kafka source, from the cached jars.
+    """A SparkSession with Delta Lake, the Kafka source and S3A, from the cached jars.
 
     ``master=None`` leaves the master to ``spark-submit`` (a cluster run). ``extra_conf`` wins
-    over the defaults here. If a session already exists in this process, Spark returns it and
+    over the defaults here. ``paths``: the checkpoint and Delta paths the session will use; an
+    ``s3a://`` one adds :func:`s3a_conf`. Off ``local[...]``, the executors get this package
+    (:func:`package_zip`). If a session already exists in this process, Spark returns it and
     static settings (jars, extensions) of the first one stay in force.
     """
     from pyspark.sql import SparkSession
@@ -167,14 +297,18 @@ def build_spark_session(
         # local mode: the driver is the executor too; Spark's 1g is tight for a dump's batches
         "spark.driver.memory": "2g",
     }
+    conf.update(s3a_conf(paths, extra_conf))
     for key, value in (extra_conf or {}).items():
         conf[key] = _conf_value(value)
-    if master is not None and master.startswith("local"):
-        # Keep a local driver on loopback (and quiet Spark's "hostname resolves to a loopback
-        # address" warning); a cluster run leaves networking to spark-submit.
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        # Python workers (the changelog source, UDFs) run this interpreter and its packages
+    if master is not None:
+        # Python workers (the changelog source, UDFs) run this interpreter: PySpark sends the
+        # driver's PYSPARK_PYTHON to the executors. On a cluster whose Python lives elsewhere,
+        # set PYSPARK_PYTHON (spark-submit: spark.pyspark.python) to the executors' path.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if master is not None and _loopback(master):
+        # Keep a driver on loopback (and quiet Spark's "hostname resolves to a loopback
+        # address" warning) when the master is too; otherwise networking is spark-submit's.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         conf.setdefault("spark.driver.host", "127.0.0.1")
         conf.setdefault("spark.driver.bindAddress", "127.0.0.1")
     builder = SparkSession.builder.appName(app_name)
@@ -182,7 +316,10 @@ def build_spark_session(
         builder = builder.master(master)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    if master is None or not master.startswith("local"):
+        session.sparkContext.addPyFile(package_zip())
+    return session
 
 
 if __name__ == "__main__":  # `spark-submit --jars "$(python -m airflow_dblog.spark.session)" ...`

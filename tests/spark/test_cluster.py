@@ -1,0 +1,106 @@
+"""The standalone cluster and object store of ``scripts/services.sh up spark object-store``.
+
+Executors there run in mount namespaces that hide the driver's disk (the checkout, /tmp), so what
+passes here does not read the driver's files. One cluster application (tests/spark/
+cluster_tasks.py, its own process) probes the executors and writes a Delta table to s3a://; the
+tests check what it found, and read the table back with another engine (``deltalake``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+NEEDED = ("DBLOG_SPARK_MASTER", "DBLOG_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+MISSING = [name for name in NEEDED if not os.environ.get(name)]
+if MISSING:
+    pytest.skip(
+        f"{', '.join(MISSING)} not set: run scripts/services.sh up spark object-store and"
+        ' eval "$(scripts/services.sh env)" (scripts/test.sh does both)',
+        allow_module_level=True,
+    )
+
+ROWS = 500
+
+
+@pytest.fixture(scope="module")
+def cluster_run(mysql_server: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Runs the cluster application once; its JSON findings plus what the tests need."""
+    driver_file = tmp_path_factory.mktemp("driver") / "checkpoint" / "probe.txt"
+    path = f"s3a://dblog/tests/{uuid.uuid4().hex}/delta"
+    payload = {
+        "disk": {
+            "driver_file": str(driver_file),
+            "repo_file": str(Path(__file__).resolve()),
+            "mysql_host": mysql_server.host,
+            "mysql_port": mysql_server.port,
+            "mysql_user": mysql_server.user,
+            "mysql_password": mysql_server.password,
+        },
+        "delta": {"path": path, "rows": ROWS},
+    }
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("cluster_tasks.py")), json.dumps(payload)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["seconds"] = time.monotonic() - started
+    result["path"] = path
+    result["repo_file"] = payload["disk"]["repo_file"]
+    print(f"cluster application: {result['seconds']:.1f} s")
+    return result
+
+
+def test_executors_cannot_read_the_drivers_disk_but_reach_the_database(
+    cluster_run: dict[str, Any],
+) -> None:
+    disk = cluster_run["disk"]
+    assert disk["executors"] == 2, "both workers should have given the application an executor"
+    # the driver wrote the file and can read it: it exists, on the driver's disk
+    assert disk["driver_reads"] == "written by the driver"
+    assert Path(cluster_run["repo_file"]).is_file()
+    assert len(disk["probes"]) == 4
+    for probe in disk["probes"]:
+        assert probe["mnt_ns"] != disk["driver_mnt_ns"], "a task ran in the driver's namespace"
+        assert probe["driver_file"] == "FileNotFoundError", probe
+        assert probe["repo_file"] == "FileNotFoundError", probe
+        # the package came with the application, not from the (hidden) checkout
+        assert "airflow_dblog.zip" in probe["package"], probe
+        assert probe["mysql"] == 1
+
+
+def test_delta_table_on_the_object_store_reads_back_in_another_engine(
+    cluster_run: dict[str, Any],
+) -> None:
+    from deltalake import DeltaTable
+
+    table = DeltaTable(
+        cluster_run["path"].replace("s3a://", "s3://", 1),
+        storage_options={
+            "AWS_ENDPOINT_URL": os.environ["DBLOG_S3_ENDPOINT"],
+            "AWS_ACCESS_KEY_ID": os.environ["AWS_ACCESS_KEY_ID"],
+            "AWS_SECRET_ACCESS_KEY": os.environ["AWS_SECRET_ACCESS_KEY"],
+            "AWS_REGION": os.environ.get("AWS_REGION", "us-east-1"),
+            "AWS_ALLOW_HTTP": "true",
+        },
+    )
+    rows = sorted((r["id"], r["v"], r["flag"]) for r in table.to_pyarrow_table().to_pylist())
+    assert rows == [tuple(r) for r in cluster_run["delta"]["written"]]
+    assert len(rows) == ROWS
+    # written by the two executors, not the driver: one file per partition
+    assert len(table.file_uris()) == 2
