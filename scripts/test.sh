@@ -7,7 +7,8 @@
 #    Maven, python3-venv) -- only when something is missing.
 # 2. .venv in the repo (python3, or $PYTHON) with `pip install -e '.[test]'`; re-run only when
 #    pyproject.toml changed (DBLOG_PIP_INSTALL=1 forces it).
-# 3. scripts/services.sh up (MariaDB, PostgreSQL, ZooKeeper, Kafka, Spark connector jars).
+# 3. scripts/services.sh up (MariaDB, PostgreSQL, ZooKeeper, Kafka, the S3 object store, the Spark
+#    standalone cluster, Spark connector jars).
 # 4. ruff check . and pytest "$@". Exit status: pytest's (5 = no tests collected counts as a
 #    failure), or ruff's if only ruff failed.
 #
