@@ -18,11 +18,12 @@
 # the installed PySpark's own jars and launcher classes. Each worker runs in its own mount
 # namespace (so do the executors it starts) in which the driver's disk is hidden behind empty
 # tmpfs mounts: the checkout ($REPO_ROOT: the default state dir, config-relative checkpoints and
-# sinks, the editable install's sources), /tmp (pytest's tmp_path, tempfile, the driver's Spark
-# local dirs) and every directory in DBLOG_SPARK_HIDE. Visible again through bind mounts: the
-# Python environment (PySpark, the executors' interpreter), the connector jar cache and the
-# worker's own directory. Anything a task reads from the driver's disk fails there, as on a real
-# cluster; the databases, Kafka and the object store are reached over loopback TCP as usual.
+# sinks), the checkout an editable install of airflow_dblog points to if it is another one, /tmp
+# (pytest's tmp_path, tempfile, the driver's Spark local dirs) and every directory in
+# DBLOG_SPARK_HIDE. Visible again through bind mounts: the Python environment (PySpark, the
+# executors' interpreter), the connector jar cache and the worker's own directory. Anything a
+# task reads from the driver's disk fails there, as on a real cluster; the databases, Kafka and
+# the object store are reached over loopback TCP as usual.
 # Needs root (or unprivileged user namespaces) for unshare(1).
 #
 # object-store: moto's S3 server (the `moto[server]` package in the Python environment, kept in
@@ -789,6 +790,7 @@ import sys, urllib.request
 urllib.request.urlopen('http://$HOST:$S3_PORT/$S3_BUCKET', timeout=3)" 2>/dev/null; }
 
 start_object-store() {
+    python_env_bin >/dev/null
     if [ -n "$(service_pid object-store)" ]; then
         wait_for object-store 60 port_open "$S3_PORT"
         log "object-store already running on http://$HOST:$S3_PORT"
@@ -843,6 +845,7 @@ sys.exit(0 if any(w['host'] == '$1' and w['port'] == $2 and w['state'] == 'ALIVE
 
 start_spark-master() {
     local d=$DIR/spark-master
+    python_env_bin >/dev/null # readiness checks run it too
     if [ -n "$(service_pid spark-master)" ]; then
         wait_for spark-master 60 spark_master_json
         log "spark-master already running at $(spark_master_url)"
@@ -867,6 +870,17 @@ start_spark-master() {
 spark_hidden_dirs() {
     echo "$REPO_ROOT"
     echo /tmp
+    # the checkout an editable install of airflow_dblog points to, when it is another one
+    "$PYTHON_BIN" -I - <<'PY' 2>/dev/null || true
+import os, sys
+try:
+    import airflow_dblog
+except ImportError:
+    sys.exit(0)
+src = os.path.dirname(os.path.dirname(os.path.realpath(airflow_dblog.__file__)))
+if not src.startswith(os.path.realpath(sys.prefix) + os.sep):
+    print(src)
+PY
     local IFS=:
     local h
     for h in ${DBLOG_SPARK_HIDE:-}; do [ -n "$h" ] && echo "$h"; done
@@ -885,18 +899,22 @@ spark_worker_ns() {
     local -a keep=("$venv" "$home" "$SPARK_JARS" "$d")
     # stage: bind the kept paths to a private tmpfs before they disappear
     local stage
-    stage=$(mktemp -d /run/dblog-spark-worker.XXXXXX)
+    # (outside every hidden directory; /dev/shm when /run is not writable)
+    stage=$(mktemp -d /run/dblog-spark-worker.XXXXXX 2>/dev/null \
+        || mktemp -d /dev/shm/dblog-spark-worker.XXXXXX)
     mount -t tmpfs -o size=1m,mode=700 dblog-stage "$stage"
+    local -a hide
+    mapfile -t hide < <(spark_hidden_dirs | awk '!seen[$0]++')
     local i=0 k h
     for k in "${keep[@]}"; do
         mkdir "$stage/$i"
         mount --bind "$k" "$stage/$i"
         i=$((i + 1))
     done
-    while IFS= read -r h; do
+    for h in "${hide[@]}"; do
         [ -d "$h" ] || continue
         mount -t tmpfs -o size=256m,mode=1777 dblog-hidden "$h"
-    done < <(spark_hidden_dirs)
+    done
     i=0
     for k in "${keep[@]}"; do
         mkdir -p "$k"
@@ -922,6 +940,7 @@ start_spark_worker() {
     local n=$1 svc=spark-worker-$1 d=$DIR/spark-worker-$1 port host
     port=$(service_port "$svc")
     host=$(service_host "$svc")
+    python_env_bin >/dev/null
     if [ -n "$(service_pid "$svc")" ]; then
         wait_for "$svc" 60 spark_worker_alive "$host" "$port"
         log "$svc already running ($host:$port)"
