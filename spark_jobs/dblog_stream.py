@@ -6,7 +6,8 @@
 The master and resources come from spark-submit (the config's ``spark.master`` is ignored here;
 ``dblog stream`` uses it). The Delta and Kafka jars must be on ``--jars``: under spark-submit
 the driver's JVM is up before the job could add them. airflow-dblog must be installed in the
-driver's and executors' Python, and the checkpoint directory must be on storage they share.
+driver's Python; the session ships it to the executors, whose Python needs its dependencies.
+The checkpoint directory must be on storage the driver and executors share.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -94,12 +95,15 @@ def delta(spark: Any, args: dict[str, Any]) -> dict[str, Any]:
 
 if __name__ == "__main__":
     payload = json.loads(sys.argv[1])
+    t0 = time.monotonic()
     session = _session("dblog-test-cluster", [payload["delta"]["path"]])
+    seconds = {"session": time.monotonic() - t0}
     try:
-        result = {
-            "disk": disk(session, payload["disk"]),
-            "delta": delta(session, payload["delta"]),
-        }
+        result: dict[str, Any] = {"disk": disk(session, payload["disk"])}
+        seconds["disk"] = time.monotonic() - t0 - sum(seconds.values())
+        result["delta"] = delta(session, payload["delta"])
+        seconds["delta"] = time.monotonic() - t0 - sum(seconds.values())
     finally:
         session.stop()
+    result["phases"] = {k: round(v, 1) for k, v in seconds.items()}
     print(json.dumps(result))

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
+from services import SERVICES_SH
 
 pytestmark = pytest.mark.integration
 
@@ -33,9 +36,34 @@ if MISSING:
 ROWS = 500
 
 
+def _listening(url: str) -> bool:
+    parts = urlparse(url)
+    try:
+        socket.create_connection((parts.hostname, parts.port), timeout=2).close()
+    except OSError:
+        return False
+    return True
+
+
+def _ensure_cluster() -> None:
+    """Like the other local services: started on first use when they are down."""
+    if _listening(os.environ["DBLOG_SPARK_MASTER"]) and _listening(os.environ["DBLOG_S3_ENDPOINT"]):
+        return
+    done = subprocess.run(
+        ["bash", str(SERVICES_SH), "up", "spark", "object-store"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, f"services.sh up spark object-store failed: {done.stderr[-3000:]}"
+
+
 @pytest.fixture(scope="module")
 def cluster_run(mysql_server: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Runs the cluster application once; its JSON findings plus what the tests need."""
+    _ensure_cluster()
     driver_file = tmp_path_factory.mktemp("driver") / "checkpoint" / "probe.txt"
     path = f"s3a://dblog/tests/{uuid.uuid4().hex}/delta"
     payload = {
@@ -62,7 +90,7 @@ def cluster_run(mysql_server: Any, tmp_path_factory: pytest.TempPathFactory) -> 
     result["seconds"] = time.monotonic() - started
     result["path"] = path
     result["repo_file"] = payload["disk"]["repo_file"]
-    print(f"cluster application: {result['seconds']:.1f} s")
+    print(f"cluster application: {result['seconds']:.1f} s, phases {result['phases']}")
     return result
 
 
