@@ -209,7 +209,7 @@ def _conf_value(value: Any) -> str:
 def s3a_conf(paths: Iterable[str | None] = (), conf: Mapping[str, Any] | None = None) -> dict:
     """``spark.hadoop.fs.s3a.*`` settings for an S3-compatible store, or ``{}``.
 
-    Applied when one of ``paths`` is ``s3a://`` or ``DBLOG_S3_ENDPOINT`` is set. The endpoint is
+    Applied when one of ``paths`` is ``s3a://`` or an endpoint is given. The endpoint is
     ``conf``'s ``spark.hadoop.fs.s3a.endpoint`` or ``DBLOG_S3_ENDPOINT`` (none: AWS itself);
     a custom endpoint gets path-style access (MinIO, moto, Ceph) and, for ``http://``, no TLS.
     The region is ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``; ``us-east-1`` for a custom
@@ -220,7 +220,12 @@ def s3a_conf(paths: Iterable[str | None] = (), conf: Mapping[str, Any] | None = 
     """
     conf = conf or {}
     env_endpoint = os.environ.get("DBLOG_S3_ENDPOINT", "").strip()
-    if not env_endpoint and not any(str(p or "").startswith("s3a://") for p in paths):
+    wanted = (
+        env_endpoint
+        or conf.get("spark.hadoop.fs.s3a.endpoint")
+        or any(str(p or "").startswith("s3a://") for p in paths)
+    )
+    if not wanted:
         return {}
     out: dict[str, str] = {}
     endpoint = str(conf.get("spark.hadoop.fs.s3a.endpoint") or env_endpoint)

@@ -70,3 +70,9 @@ def test_a_jar_cache_missing_a_pinned_jar_is_not_complete(tmp_path: Path) -> Non
     assert not session._complete(tmp_path)
     (tmp_path / "hadoop-aws-3.5.0.jar").write_bytes(b"")
     assert session._complete(tmp_path)
+
+
+def test_an_endpoint_in_the_config_alone_gets_path_style(no_s3_env: pytest.MonkeyPatch) -> None:
+    conf = session.s3a_conf([], {"spark.hadoop.fs.s3a.endpoint": "http://minio:9000"})
+    assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
