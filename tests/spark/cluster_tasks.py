@@ -6,7 +6,8 @@ and a session on the standalone cluster cannot share one, so the tests run this 
 application does both (an application's start is most of the time on a 2-core machine):
 
 - ``disk``: the driver writes a file under its tmp dir and reads it back; tasks on every executor
-  try to open that file and a file of the source checkout, and run ``SELECT 1`` against MySQL.
+  try to open that file and a file of the source checkout, and run ``SELECT 1`` against MySQL
+  and PostgreSQL.
 - ``delta``: writes rows to a Delta table at an ``s3a://`` path from the cluster and reports
   what it wrote.
 """
@@ -63,6 +64,15 @@ def _probe(args: dict[str, Any]) -> dict[str, Any]:
         with conn.cursor() as cur:
             cur.execute("SELECT 1")
             out["mysql"] = cur.fetchone()[0]
+    finally:
+        conn.close()
+    import psycopg2
+
+    conn = psycopg2.connect(args["postgres_dsn"], connect_timeout=10)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1")
+            out["postgres"] = cur.fetchone()[0]
     finally:
         conn.close()
     return out

@@ -61,7 +61,9 @@ def _ensure_cluster() -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster_run(mysql_server: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def cluster_run(
+    mysql_server: Any, postgres_server: Any, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
     """Runs the cluster application once; its JSON findings plus what the tests need."""
     _ensure_cluster()
     driver_file = tmp_path_factory.mktemp("driver") / "checkpoint" / "probe.txt"
@@ -74,6 +76,7 @@ def cluster_run(mysql_server: Any, tmp_path_factory: pytest.TempPathFactory) -> 
             "mysql_port": mysql_server.port,
             "mysql_user": mysql_server.user,
             "mysql_password": mysql_server.password,
+            "postgres_dsn": postgres_server.dsn(),
         },
         "delta": {"path": path, "rows": ROWS},
     }
@@ -94,7 +97,7 @@ def cluster_run(mysql_server: Any, tmp_path_factory: pytest.TempPathFactory) -> 
     return result
 
 
-def test_executors_cannot_read_the_drivers_disk_but_reach_the_database(
+def test_executors_cannot_read_the_drivers_disk_but_reach_the_databases(
     cluster_run: dict[str, Any],
 ) -> None:
     disk = cluster_run["disk"]
@@ -110,6 +113,7 @@ def test_executors_cannot_read_the_drivers_disk_but_reach_the_database(
         # the package came with the application, not from the (hidden) checkout
         assert "airflow_dblog.zip" in probe["package"], probe
         assert probe["mysql"] == 1
+        assert probe["postgres"] == 1
 
 
 def test_delta_table_on_the_object_store_reads_back_in_another_engine(
