@@ -23,7 +23,8 @@
 # DBLOG_SPARK_HIDE. Visible again through bind mounts: the Python environment (PySpark, the
 # executors' interpreter), the connector jar cache and the worker's own directory. Anything a
 # task reads from the driver's disk fails there, as on a real cluster; the databases, Kafka and
-# the object store are reached over loopback TCP as usual.
+# the object store are reached over loopback TCP as usual. The workers' environment has no AWS_*
+# variables: executors use the object-store settings and credentials the driver's session sends.
 # Needs root (or unprivileged user namespaces) for unshare(1).
 #
 # object-store: moto's S3 server (the `moto[server]` package in the Python environment, kept in
@@ -925,6 +926,10 @@ spark_worker_ns() {
     umount "$stage"
     rmdir "$stage"
     cd "$d"
+    # Like a machine of a real cluster, the workers know nothing of the caller's object-store
+    # credentials or endpoint: executors get what the driver's session gives them.
+    unset AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_SESSION_TOKEN AWS_REGION AWS_DEFAULT_REGION \
+        AWS_ENDPOINT_URL DBLOG_S3_ENDPOINT
     # SPARK_SCALA_VERSION: the executor launcher otherwise looks for a source build (what
     # bin/load-spark-env.sh sets for spark-submit)
     export SPARK_HOME=$home SPARK_SCALA_VERSION=$SCALA_BINARY SPARK_LOCAL_IP=$host
