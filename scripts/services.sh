@@ -4,7 +4,8 @@
 #   scripts/services.sh up [SERVICE...]    start (idempotent; waits until each is really ready)
 #   scripts/services.sh down [SERVICE...]  stop
 #   scripts/services.sh status             show state, ports, pids and logs (exit 1 if any is down)
-#   scripts/services.sh env                print `export DBLOG_..._PORT=...` lines (eval-able)
+#   scripts/services.sh env                print `export ...` lines (eval-able): ports, DBLOG_SPARK_MASTER,
+#                                          DBLOG_S3_ENDPOINT, AWS_ACCESS_KEY_ID/SECRET_ACCESS_KEY/REGION
 #   scripts/services.sh spark-jars         cache Spark's Delta, Kafka and S3A connector jars (also run by up)
 #   scripts/services.sh kafka-jars         cache the Kafka broker jars (also run by up)
 #   scripts/services.sh deps [PKG...]      apt-get install what is missing (also run by up)
