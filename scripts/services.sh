@@ -77,6 +77,7 @@ PYTHON_BIN=${DBLOG_PYTHON:-$REPO_ROOT/.venv/bin/python}
 HADOOP_VERSION=3.5.0 # pyspark 4.2.0's hadoop-client-api/runtime
 AWS_SDK_VERSION=2.35.4 # what hadoop-aws 3.5.0 is built against
 S3_BUCKET=dblog
+PYSPARK_ALSO_SHIPS=httpclient,httpcore,commons-logging # beyond spark-sql's closure; see cmd_spark_jars
 ALL_SERVICES=(mariadb postgres zookeeper kafka object-store spark-master spark-worker-1 spark-worker-2)
 
 KAFKA_LIBS=$CACHE/kafka-$KAFKA_VERSION/libs
@@ -367,6 +368,7 @@ cmd_spark_jars() {
     local want="io.delta:delta-spark_4.2_$SCALA_BINARY:$DELTA_VERSION"
     want+=" org.apache.spark:spark-sql-kafka-0-10_$SCALA_BINARY:$SPARK_VERSION"
     want+=" org.apache.hadoop:hadoop-aws:$HADOOP_VERSION software.amazon.awssdk:$AWS_SDK_VERSION"
+    want+=" -$PYSPARK_ALSO_SHIPS"
     if [ -f "$out/.complete" ] && [ "$(cat "$out/.complete")" = "$want" ]; then
         return 0
     fi
@@ -424,6 +426,9 @@ EOF
     excludes=$(awk -F: 'NF >= 5 { gsub(/^ +/, "", $1); print $2 }' "$work/provided.txt" \
         | sort -u | paste -sd, -)
     [ -n "$excludes" ] || die "could not compute pyspark's provided jars; see $work/provided.txt"
+    # pyspark's jars/ also has httpclient and httpcore (from modules outside spark-sql's closure)
+    # and jcl-over-slf4j in place of commons-logging: the AWS SDK's apache-client uses those
+    excludes+=",$PYSPARK_ALSO_SHIPS"
     rm -rf "$work/jars"
     mvn_run spark-connectors -f "$work/connectors/pom.xml" dependency:copy-dependencies \
         -DincludeScope=runtime -DexcludeArtifactIds="$excludes" -DoutputDirectory="$work/jars"

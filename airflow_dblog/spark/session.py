@@ -54,10 +54,10 @@ PACKAGES = (
     f"org.apache.hadoop:hadoop-aws:{HADOOP_VERSION}",
 )
 # PACKAGES' runtime closure minus what pyspark ships: what scripts/services.sh resolves with
-# Maven (tests/spark/test_session.py checks that the two agree)
+# Maven (tests/spark/test_session.py checks that the two agree). The AWS SDK's apache-client
+# uses pyspark's httpclient, httpcore and jcl-over-slf4j (for commons-logging).
 CONNECTOR_JARS = (
     "com.fasterxml.jackson.datatype:jackson-datatype-jdk8:2.21.2",
-    "commons-logging:commons-logging:1.2",
     "io.delta:delta-kernel-api:4.4.0",
     "io.delta:delta-kernel-defaults:4.4.0",
     "io.delta:delta-kernel-unitycatalog:4.4.0",
@@ -67,8 +67,6 @@ CONNECTOR_JARS = (
     "io.unitycatalog:unitycatalog-hadoop:0.6.0",
     "org.apache.commons:commons-pool2:2.13.1",
     "org.apache.hadoop:hadoop-aws:3.5.0",
-    "org.apache.httpcomponents:httpclient:4.5.13",
-    "org.apache.httpcomponents:httpcore:4.4.16",
     "org.apache.kafka:kafka-clients:3.9.2",
     f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION}",
     f"org.apache.spark:spark-token-provider-kafka-0-10_2.13:{SPARK_VERSION}",
