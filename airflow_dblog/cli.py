@@ -220,7 +220,12 @@ def _optimize(args: argparse.Namespace) -> int:
         keys = {table: source.describe(table).key[0] for table in tables}
     finally:
         source.close()
-    spark = build_spark_session(f"dblog-optimize-{config.name}", config.spark.master)
+    spark = build_spark_session(
+        f"dblog-optimize-{config.name}",
+        config.spark.master,
+        extra_conf=config.spark.conf,
+        paths=(config.delta.path,),
+    )
     try:
         for table in tables:
             path = table_path(config.delta, table)

@@ -231,6 +231,7 @@ def _start_delta_query(
         f"dblog-{config.name}",
         master=config.spark.master if master is _DEFAULT_MASTER else master,
         extra_conf=config.spark.conf,
+        paths=(config.checkpoint, config.delta.path),
     )
     cleanup.callback(spark.stop)
     spark.dataSource.register(ChangelogSource)
