@@ -1,0 +1,243 @@
+"""The launcher: start the stream unless it runs, wait until it commits, notice a dead one.
+
+Fast tests run a stand-in for ``dblog stream`` (``python=`` a script that commits heartbeats
+to the metadata store as the stream does, then sleeps), so the decisions are exercised without
+a JVM; one test starts the real stream against MariaDB; the lease check runs on ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_dblog.config import load_config
+from airflow_dblog.engine.launcher import (
+    Launch,
+    LaunchError,
+    alive,
+    ensure_stream,
+    pid_path,
+    read_record,
+    run_dir,
+)
+from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.metadata.store import utcnow
+
+CONFIG = """
+name: launched
+source: {{type: mysql, url: "mysql://u:secret-pw@127.0.0.1:1/app", tables: [app.t]}}
+metadata: {{url: "sqlite:///{dir}/meta.db"}}
+sinks: {{delta: {{path: {dir}/delta}}}}
+checkpoint: {dir}/cp
+"""
+
+# Stands in for `python -m airflow_dblog.cli stream -c FILE`: commits a heartbeat every 0.2 s.
+FAKE_STREAM = """#!{python}
+import sys, time
+sys.path.insert(0, {repo!r})
+from airflow_dblog.config import load_config
+from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.metadata.store import utcnow
+config = load_config(sys.argv[-1])
+store = MetadataStore(config.metadata_url)
+print("fake stream up", flush=True)
+while True:
+    store.save_stream_state(config.name, heartbeat_at=utcnow())
+    time.sleep(0.2)
+"""
+
+
+@pytest.fixture
+def config_path(tmp_path: Path) -> str:
+    file = tmp_path / "dblog.yaml"
+    file.write_text(CONFIG.format(dir=tmp_path))
+    return str(file)
+
+
+@pytest.fixture
+def fake_python(tmp_path: Path) -> str:
+    script = tmp_path / "fake-python"
+    repo = str(Path(__file__).resolve().parents[2])
+    script.write_text(FAKE_STREAM.format(python=sys.executable, repo=repo))
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.fixture
+def launched(config_path: str) -> Any:
+    """Kills (the session of) whatever the test started, at its end."""
+    yield
+    record = read_record(pid_path(load_config(config_path), Launch()))
+    if record is not None and alive(record):
+        os.killpg(record.pid, signal.SIGKILL)
+
+
+def test_starts_detached_then_does_nothing_then_restarts_after_kill_9(
+    config_path: str, fake_python: str, launched: None
+) -> None:
+    config = load_config(config_path)
+    launch = Launch(python=fake_python, timeout_s=20, poll_s=0.1)
+    first = ensure_stream(config_path, config, launch)
+    assert first.started and first.pid is not None
+    assert first.log_path == f"{config.checkpoint}/launcher/stream.log"
+    assert os.getsid(first.pid) == first.pid  # its own session: the task's end does not reach it
+    assert first.status is not None and first.status.state == "running"
+    assert "fake stream up" in Path(first.log_path).read_text()
+
+    again = ensure_stream(config_path, config, launch)
+    assert not again.started and again.pid == first.pid
+    assert f"process {first.pid} started" in again.reason
+
+    os.kill(first.pid, signal.SIGKILL)  # its last heartbeat is fresh: the pid file knows better
+    time.sleep(0.3)
+    restarted = ensure_stream(config_path, config, launch)
+    assert restarted.started and restarted.pid not in (None, first.pid)
+    log = Path(first.log_path).read_text()
+    assert log.count("started by the dblog launcher") == 2
+
+
+def test_a_stream_committing_without_a_pid_file_counts_as_running(
+    config_path: str, tmp_path: Path
+) -> None:
+    config = load_config(config_path)
+    MetadataStore(config.metadata_url).save_stream_state(config.name, heartbeat_at=utcnow())
+    ensured = ensure_stream(config_path, config, Launch(python="/nonexistent/python"))
+    assert not ensured.started and ensured.pid is None
+    assert ensured.reason.startswith("stream launched is running: it committed at ")
+    assert "secret-pw" not in ensured.reason
+
+
+def test_a_process_that_exits_fails_naming_its_log(config_path: str) -> None:
+    config = load_config(config_path)
+    with pytest.raises(LaunchError) as err:
+        ensure_stream(config_path, config, Launch(python="/bin/false", timeout_s=20, poll_s=0.1))
+    log = f"{config.checkpoint}/launcher/stream.log"
+    assert str(err.value) == (
+        f"stream launched exited with code 1 before it ran; see its log {log}"
+    )
+
+
+def test_a_stream_that_never_commits_is_stopped_and_fails_naming_its_log(
+    config_path: str, tmp_path: Path
+) -> None:
+    sleeper = tmp_path / "sleeper"
+    sleeper.write_text("#!/bin/sh\nexec sleep 600\n")
+    sleeper.chmod(0o755)
+    config = load_config(config_path)
+    log = tmp_path / "mine.log"
+    launch = Launch(python=str(sleeper), log_path=str(log), timeout_s=1, poll_s=0.1)
+    with pytest.raises(
+        LaunchError, match=rf"did not commit within 1s and was stopped; see its log {log}$"
+    ):
+        ensure_stream(config_path, config, launch)
+    record = read_record(pid_path(config, launch))
+    assert record is not None and not alive(record)
+
+
+def test_unknown_mode_and_a_remote_checkpoint_without_run_dir_are_refused(
+    config_path: str, tmp_path: Path
+) -> None:
+    with pytest.raises(LaunchError, match="unknown launch mode 'yarn'"):
+        Launch(mode="yarn")
+    # object-store checkpoints are coming (the Spark data plane): the pid file needs a folder
+    remote = dataclasses.replace(load_config(config_path), checkpoint="s3a://b/cp")
+    with pytest.raises(LaunchError, match=r"not a local folder .* pass run_dir"):
+        run_dir(remote, Launch())
+    assert run_dir(remote, Launch(run_dir=str(tmp_path))) == tmp_path
+
+
+def test_spark_submit_command_carries_the_jars_and_the_job(
+    config_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_dblog.engine.launcher import DEFAULT_APPLICATION, stream_command
+
+    monkeypatch.setattr("airflow_dblog.spark.session.spark_jars", lambda: ["/j/a.jar", "/j/b.jar"])
+    launch = Launch(mode="spark-submit", spark_args=["--master", "spark://m:7077"])
+    assert stream_command(config_path, launch) == [
+        "spark-submit",
+        "--master",
+        "spark://m:7077",
+        "--jars",
+        "/j/a.jar,/j/b.jar",
+        str(DEFAULT_APPLICATION),
+        "-c",
+        config_path,
+    ]
+    with pytest.raises(LaunchError, match=r"application /no/job\.py not found"):
+        stream_command(config_path, Launch(mode="spark-submit", application="/no/job.py"))
+
+
+@pytest.mark.integration
+def test_a_holder_of_the_lease_counts_as_running(
+    config_path: str, zookeeper_server: Any, zk_path: str
+) -> None:
+    from airflow_dblog.config import HaConfig
+    from airflow_dblog.engine.leader import LeaderLease
+
+    hosts = zookeeper_server.connect_string(zk_path)
+    Path(config_path).write_text(
+        Path(config_path).read_text() + f"ha: {{zookeeper: '{hosts}', session_timeout_s: 4}}\n"
+    )
+    config = load_config(config_path)
+    lease = LeaderLease(HaConfig(hosts, 4), config.name, "other-host:4242")
+    assert lease.acquire(threading.Event()) is not None
+    try:
+        ensured = ensure_stream(config_path, config, Launch(python="/nonexistent/python"))
+    finally:
+        lease.close()
+    assert not ensured.started
+    assert ensured.reason == (
+        "stream launched is running: other-host:4242 holds the leader lease (1 queued)"
+    )
+    with pytest.raises(LaunchError, match="cannot run /nonexistent/python"):
+        ensure_stream(config_path, config, Launch(python="/nonexistent/python"))
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_starts_the_real_stream_against_mariadb_and_then_leaves_it_alone(
+    mysql_db: Any, tmp_path: Path
+) -> None:
+    conn = mysql_db.connect()
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+        cur.execute("INSERT INTO t VALUES (1, 1)")
+    conn.close()
+    path = tmp_path / "real.yaml"
+    path.write_text(
+        f"""
+name: launched-real
+source: {{type: mysql, url: "{mysql_db.url}", tables: [{mysql_db.name}.t]}}
+metadata: {{url: "sqlite:///{tmp_path}/meta.db"}}
+sinks: {{delta: {{path: {tmp_path}/delta}}}}
+checkpoint: {tmp_path}/cp
+spark: {{master: "local[2]", conf: {{spark.ui.enabled: false, spark.sql.shuffle.partitions: 2}}}}
+"""
+    )
+    config = load_config(path)
+    launch = Launch(timeout_s=240)
+    started = time.monotonic()
+    first = ensure_stream(str(path), config, launch)
+    try:
+        print(f"real stream committing {time.monotonic() - started:.1f}s after the start")
+        assert first.started and first.status is not None
+        assert first.status.state == "running" and first.status.lag_bytes is not None
+        again = ensure_stream(str(path), config, launch)
+        assert not again.started and again.pid == first.pid
+    finally:
+        record = read_record(pid_path(config, launch))
+        assert record is not None
+        os.killpg(record.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while alive(record) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not alive(record)
+    assert "secret" not in " ".join(record.command)
