@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import fake_stream
 import pytest
 
 from airflow_dblog.config import load_config
@@ -39,21 +39,6 @@ sinks: {{delta: {{path: {dir}/delta}}}}
 checkpoint: {dir}/cp
 """
 
-# Stands in for `python -m airflow_dblog.cli stream -c FILE`: commits a heartbeat every 0.2 s.
-FAKE_STREAM = """#!{python}
-import sys, time
-sys.path.insert(0, {repo!r})
-from airflow_dblog.config import load_config
-from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.metadata.store import utcnow
-config = load_config(sys.argv[-1])
-store = MetadataStore(config.metadata_url)
-print("fake stream up", flush=True)
-while True:
-    store.save_stream_state(config.name, heartbeat_at=utcnow())
-    time.sleep(0.2)
-"""
-
 
 @pytest.fixture
 def config_path(tmp_path: Path) -> str:
@@ -64,11 +49,7 @@ def config_path(tmp_path: Path) -> str:
 
 @pytest.fixture
 def fake_python(tmp_path: Path) -> str:
-    script = tmp_path / "fake-python"
-    repo = str(Path(__file__).resolve().parents[2])
-    script.write_text(FAKE_STREAM.format(python=sys.executable, repo=repo))
-    script.chmod(0o755)
-    return str(script)
+    return fake_stream.fake_python(tmp_path)
 
 
 @pytest.fixture
