@@ -20,9 +20,10 @@ mode, the only one standalone clusters offer Python jobs, the driver runs in tha
 a detached process: its own session, so it outlives the Airflow task that started it and no
 signal to the task's process group reaches it; output appended to a log file (default
 ``<checkpoint>/launcher/stream.log``); its pid, start time and command recorded next to it
-(``stream.pid``). Then it waits, bounded, until the new process has committed its state (a
-heartbeat newer than its start; a new stream's first one saves its start position, from which
-the log is captured and dump bounds are read), so ``stream_status`` says ``running``. A process that exits
+(``stream.pid``). Then it waits, bounded, until the new process has committed twice (two
+heartbeats newer than its start): a new stream's first one only saves its start position, before
+Spark is up; the next comes from a batch the sinks hold, so the whole job works and
+``stream_status`` says ``running``. A process that exits
 first, or a stream that does not commit in time (the process is then stopped, so the next
 attempt starts afresh), fails with one line naming the log file.
 
@@ -328,9 +329,10 @@ def wait_running(
     status: Callable[[], StreamStatus],
     since: datetime,
 ) -> StreamStatus:
-    """Until the started stream commits after ``since`` (naive UTC); a LaunchError when it
-    exits first or does not commit within ``launch.timeout_s`` (it is stopped then)."""
+    """Until the started stream has committed twice after ``since`` (naive UTC); a LaunchError
+    when it exits first or does not within ``launch.timeout_s`` (it is stopped then)."""
     deadline = time.monotonic() + launch.timeout_s
+    first: datetime | None = None
     while True:
         code = _exit_code(record)
         if code is not None:
@@ -339,8 +341,11 @@ def wait_running(
                 f"see its log {record.log_path}",
             )
         current = status()
-        if current.heartbeat_at is not None and current.heartbeat_at > since:
-            return current
+        beat = current.heartbeat_at
+        if beat is not None and beat > since:
+            if first is not None and beat > first:
+                return current
+            first = first or beat
         if time.monotonic() >= deadline:
             stop(record)
             raise LaunchError(
