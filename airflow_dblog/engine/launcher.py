@@ -79,7 +79,8 @@ class Launch:
     mode: str = "local"
     log_path: str | None = None  # default <run_dir>/stream.log
     run_dir: str | None = None  # pid file (and default log); default <checkpoint>/launcher
-    python: str = sys.executable  # mode local: the interpreter with airflow-dblog[spark]
+    python: str = sys.executable  # the interpreter with airflow-dblog[spark] (spark-submit: the
+    # driver's, unless PYSPARK_DRIVER_PYTHON is set)
     spark_submit: str = "spark-submit"  # mode spark-submit: the binary
     application: str | None = None  # mode spark-submit: spark_jobs/dblog_stream.py
     spark_args: Sequence[str] = ()  # mode spark-submit: e.g. ["--master", "spark://m:7077"]
@@ -208,6 +209,8 @@ def start(config_path: str, config: Config, launch: Launch) -> ProcessRecord:
     pidfile = pid_path(config, launch)
     pidfile.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **launch.env}
+    if launch.mode == "spark-submit":  # the driver runs in the Python that has airflow-dblog
+        env.setdefault("PYSPARK_DRIVER_PYTHON", launch.python)
     shown = [redact(part) for part in command]
     with open(logfile, "ab") as out:
         stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
