@@ -1,13 +1,13 @@
 """Every five minutes: make sure the stream runs, then check how far behind its source it is.
 
 ``ensure_stream`` does nothing when the stream runs (the process it started before is alive, a
-process holds the ``ha`` leader lease, or, without ``ha``, the stream committed within a
-minute) and else starts it detached from the task, where ``DBLOG_STREAM_MODE`` says:
-``local`` (default: ``dblog stream -c FILE`` on this worker, the config's ``spark.master``)
-or ``spark-submit`` (``spark-submit $DBLOG_SPARK_SUBMIT_ARGS spark_jobs/dblog_stream.py -c
-FILE``, e.g. ``--master spark://spark-master:7077``). Its output goes to
-``<checkpoint>/launcher/stream.log``; the task fails naming that file if the stream exits or
-does not commit within two minutes.
+process holds the ``ha`` leader lease, or, without ``ha``, the stream committed within a minute
+and, if the process it started died, again within 5 s) and else starts it detached from the
+task, where ``DBLOG_STREAM_MODE`` says: ``local`` (default: ``dblog stream -c FILE`` on this
+worker, the config's ``spark.master``) or ``spark-submit`` (``spark-submit
+$DBLOG_SPARK_SUBMIT_ARGS spark_jobs/dblog_stream.py -c FILE``, e.g. ``--master
+spark://spark-master:7077``). Its output goes to ``<checkpoint>/launcher/stream.log``; the task
+fails naming that file if the stream exits or does not commit within two minutes.
 
 ``check_lag`` (deferrable: it waits in the triggerer) fails when the stream is not running, when
 its lag is unknown, or when it stays more than ``MAX_LAG_S`` seconds or ``MAX_LAG_BYTES`` bytes

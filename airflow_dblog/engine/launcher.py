@@ -7,11 +7,13 @@
    that will take over) and it is not the one this module started and saw die: running. The
    lease is the authority; the metadata is not consulted.
 3. Without ``ha``: the stream committed within ``stale_after_s`` (``stream_status`` says
-   ``running``), unless that commit came from the process this module started and saw die:
-   a ``kill -9`` leaves a fresh commit behind for a minute, and waiting that minute out would
-   leave the stream down for it. Started elsewhere without ``ha`` (a cluster scheduler, by
-   hand), the stream is only known by its commits; two streams without ``ha`` are unsafe, so
-   use ``ha`` where more than one thing may start it.
+   ``running``). When the process this module started has died, that commit may be its last
+   (a ``kill -9`` leaves one behind that looks fresh for a minute, and waiting it out would
+   leave the stream down that long): then the stream counts as running only if it commits
+   again within ``probe_s`` (a running stream commits every second or so). Started elsewhere
+   without ``ha`` (a cluster scheduler, by hand), the stream is only known by its commits;
+   two streams without ``ha`` are unsafe, so use ``ha`` where more than one thing may start
+   it.
 
 **Starting it** runs ``dblog stream -c FILE`` (``mode="local"``: the stream's own
 ``spark.master``, e.g. ``local[*]``) or ``spark-submit ... spark_jobs/dblog_stream.py -c FILE``
@@ -88,6 +90,7 @@ class Launch:
     timeout_s: float = 120.0
     poll_s: float = 2.0
     stale_after_s: float = STALE_AFTER_S
+    probe_s: float = 5.0  # how long a fresh commit left by a dead process must stay the last
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -318,10 +321,23 @@ def running_reason(
         if others:
             return f"{others[0]} holds the leader lease ({len(others)} queued)", record
         return None, record
+    current = status()
+    if current.state != "running":
+        return None, record
     if died is None:
-        current = status()
-        if current.state == "running":
-            return f"it committed at {current.heartbeat_at}Z ({current.line()})", record
+        return f"it committed at {current.heartbeat_at}Z ({current.line()})", record
+    # The recorded process died, and its last commit may be this fresh one. A stream that
+    # commits again within probe_s is alive (started by someone else); else it is ours, dead.
+    deadline = time.monotonic() + launch.probe_s
+    while time.monotonic() < deadline:
+        time.sleep(min(0.5, launch.probe_s))
+        again = status()
+        if again.heartbeat_at is not None and again.heartbeat_at != current.heartbeat_at:
+            return (
+                f"it committed at {again.heartbeat_at}Z, after process {died} started here had"
+                f" died ({again.line()})",
+                record,
+            )
     return None, record
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -62,11 +63,20 @@ def launched(config_path: str) -> Any:
         os.killpg(record.pid, signal.SIGKILL)
 
 
+def _until_dead(config_path: str) -> None:
+    record = read_record(pid_path(load_config(config_path), Launch()))
+    assert record is not None
+    deadline = time.monotonic() + 10
+    while alive(record):
+        assert time.monotonic() < deadline, f"process {record.pid} outlived SIGKILL"
+        time.sleep(0.05)
+
+
 def test_starts_detached_then_does_nothing_then_restarts_after_kill_9(
     config_path: str, fake_python: str, launched: None
 ) -> None:
     config = load_config(config_path)
-    launch = Launch(python=fake_python, timeout_s=20, poll_s=0.1)
+    launch = Launch(python=fake_python, timeout_s=20, poll_s=0.1, probe_s=1)
     first = ensure_stream(config_path, config, launch)
     assert first.started and first.pid is not None
     assert first.log_path == f"{config.checkpoint}/launcher/stream.log"
@@ -79,11 +89,30 @@ def test_starts_detached_then_does_nothing_then_restarts_after_kill_9(
     assert f"process {first.pid} started" in again.reason
 
     os.kill(first.pid, signal.SIGKILL)  # its last heartbeat is fresh: the pid file knows better
-    time.sleep(0.3)
+    _until_dead(config_path)
     restarted = ensure_stream(config_path, config, launch)
     assert restarted.started and restarted.pid not in (None, first.pid)
     log = Path(first.log_path).read_text()
     assert log.count("started by the dblog launcher") == 2
+
+
+def test_a_stream_started_elsewhere_after_ours_died_counts_as_running(
+    config_path: str, fake_python: str, launched: None
+) -> None:
+    config = load_config(config_path)
+    launch = Launch(python=fake_python, timeout_s=20, poll_s=0.1, probe_s=2)
+    ours = ensure_stream(config_path, config, launch)
+    assert ours.pid is not None
+    os.kill(ours.pid, signal.SIGKILL)
+    _until_dead(config_path)
+    elsewhere = subprocess.Popen([fake_python, "-c", config_path], start_new_session=True)
+    try:
+        ensured = ensure_stream(config_path, config, launch)
+    finally:
+        elsewhere.kill()
+        elsewhere.wait(10)
+    assert not ensured.started
+    assert f"after process {ours.pid} started here had died" in ensured.reason
 
 
 def test_a_stream_committing_without_a_pid_file_counts_as_running(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -102,7 +103,7 @@ def test_trigger_fires_ok_lagging_and_down_from_the_real_binlog(
     events, _ = asyncio.run(_collect(lagging))
     assert [e["status"] for e in events] == ["lagging"]
     assert events[0]["stream"]["lag_bytes"] > 20 * 100
-    assert events[0]["reason"].startswith("stream kept is 600s and ")
+    assert re.match(r"stream kept is 60[0-9]s and \d+ bytes behind", events[0]["reason"])
     assert events[0]["reason"].endswith("behind its source (limits 60s, 1073741824 bytes)")
     lines = [line for line in capsys.readouterr().out.splitlines() if "state=" in line]
     assert len(lines) >= 3  # each look, for 0.3 s of grace

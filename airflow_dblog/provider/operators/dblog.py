@@ -33,7 +33,8 @@ class DblogEnsureStreamOperator(_DblogOperator):
     """Start the streaming job unless it runs; then wait until it commits (``engine/launcher.py``).
 
     Already running (a live process started here before, a holder of the ``ha`` lease, or
-    without ``ha`` a commit within ``stale_after_s``): logs why and does nothing. Else starts
+    without ``ha`` a commit within ``stale_after_s``, and when the process started here died,
+    another commit within ``probe_s``): logs why and does nothing. Else starts
     ``dblog stream -c FILE`` (``mode="local"``) or ``spark-submit <spark_args>
     spark_jobs/dblog_stream.py -c FILE`` (``mode="spark-submit"``) detached from the task, its
     output in ``log_path`` (default ``<checkpoint>/launcher/stream.log``), and fails with one
@@ -64,9 +65,11 @@ class DblogEnsureStreamOperator(_DblogOperator):
         timeout_s: float | str = 120.0,
         poll_s: float = 2.0,
         stale_after_s: float = STALE_AFTER_S,
+        probe_s: float = 5.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.probe_s = probe_s
         self.mode, self.log_path, self.run_dir = mode, log_path, run_dir
         self.python, self.spark_submit, self.application = python, spark_submit, application
         self.spark_args, self.timeout_s, self.poll_s = spark_args, timeout_s, poll_s
@@ -84,6 +87,7 @@ class DblogEnsureStreamOperator(_DblogOperator):
             timeout_s=float(self.timeout_s),
             poll_s=self.poll_s,
             stale_after_s=self.stale_after_s,
+            probe_s=self.probe_s,
             **({"python": self.python} if self.python else {}),
         )
         path, env = hook.config_file(run_dir(hook.config, launch))
