@@ -396,8 +396,13 @@ def ensure_stream(
     try:
         reason, previous = running_reason(config, launch, status)
         if reason is not None:
-            pid = previous.pid if previous is not None and alive(previous) else None
-            return Ensured(False, f"stream {config.name} is running: {reason}", pid=pid)
+            live = previous if previous is not None and alive(previous) else None
+            return Ensured(
+                False,
+                f"stream {config.name} is running: {reason}",
+                pid=live.pid if live else None,
+                log_path=live.log_path if live else None,
+            )
         since = datetime.now(timezone.utc).replace(tzinfo=None)
         record = start(config_path, config, launch)
         log.info(

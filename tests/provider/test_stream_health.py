@@ -174,7 +174,7 @@ checkpoint: {tmp_path}/cp
         first = op.execute({})
         assert first["started"] and first["log_path"] == str(tmp_path / "stream.log")
         second = op.execute({})
-        assert second == {"started": False, "pid": first["pid"], "log_path": None}
+        assert second == {"started": False, "pid": first["pid"], "log_path": first["log_path"]}
     finally:
         record = read_record(pid_path(load_config(config), Launch()))
         if record is not None and alive(record):
