@@ -261,18 +261,17 @@ def _exit_code(record: ProcessRecord) -> int | None:
 
 
 def stop(record: ProcessRecord, grace_s: float = 30.0) -> None:
-    """SIGTERM the process's session, SIGKILL it after ``grace_s`` (Spark's JVM included)."""
-    if not alive(record):
-        return
+    """SIGTERM the process's session, then SIGKILL what is left of it once the process ended or
+    after ``grace_s``: Spark's JVM, or under spark-submit the Python driver it started."""
     try:
         os.killpg(record.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
+    except (ProcessLookupError, PermissionError):
+        return  # nothing of the session is left
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and _exit_code(record) is None:
         time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(record.pid, signal.SIGKILL)  # what is left of its session: Spark's JVM
+        os.killpg(record.pid, signal.SIGKILL)
     proc = _children.pop(record.pid, None)
     if proc is not None:
         proc.wait(10)

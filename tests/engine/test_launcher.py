@@ -29,6 +29,7 @@ from airflow_dblog.engine.launcher import (
     pid_path,
     read_record,
     run_dir,
+    stop,
 )
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.metadata.store import utcnow
@@ -59,8 +60,8 @@ def launched(config_path: str) -> Any:
     """Kills (the session of) whatever the test started, at its end."""
     yield
     record = read_record(pid_path(load_config(config_path), Launch()))
-    if record is not None and alive(record):
-        os.killpg(record.pid, signal.SIGKILL)
+    if record is not None:
+        stop(record, grace_s=5)
 
 
 def _until_dead(config_path: str) -> None:
@@ -257,11 +258,12 @@ checkpoint: {tmp_path}/cp
     finally:
         record = read_record(pid_path(config, launch))
         assert record is not None
-        os.killpg(record.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while alive(record) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not alive(record)
+        stop(record)
+    deadline = time.monotonic() + 10  # spark-submit's JVM and the Python driver, reaped
+    with pytest.raises(ProcessLookupError):
+        while time.monotonic() < deadline:
+            os.killpg(record.pid, 0)
+            time.sleep(0.1)
     assert record.command[:2] == [str(spark_submit), "--master"]
     assert record.command[-2:] == ["-c", str(path)]
     assert ":secret" not in " ".join(record.command)
