@@ -65,6 +65,21 @@ def _field(extra: Mapping[str, Any], name: str) -> Any:
     return None if value in (None, "") else value
 
 
+def secret_env(extra: Mapping[str, Any]) -> dict[str, str]:
+    """The ``${VAR}`` values the connection's secret fields give (URL-encoded), for a process
+    that reads the config itself (the stream the launcher starts)."""
+    return {
+        variable: quote(str(secret), safe="")
+        for field, variable in SECRET_VARIABLES.items()
+        if (secret := _field(extra, field)) is not None
+    }
+
+
+def config_text_or_path(extra: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The connection's config file path and inline YAML (at most one is set)."""
+    return _field(extra, "config"), _field(extra, "config_yaml")
+
+
 def config_from_extra(
     extra: Mapping[str, Any], conn_id: str, env: Mapping[str, str] | None = None
 ) -> Config:

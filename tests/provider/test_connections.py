@@ -58,3 +58,23 @@ def test_hook_reads_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_DBLOG_INLINE", json.dumps(conn))
     config = DblogHook("dblog_inline").config
     assert config.name == "inventory" and config.source.url.endswith("@db:3306/app")
+
+
+def test_hook_hands_a_process_the_inline_config_without_its_passwords(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What the ensure operator gives the stream it starts: a file (owner-only) of the YAML as
+    typed, ``${VAR}`` and all, and the passwords in the environment."""
+    conn = {"conn_type": "dblog", "extra": {"config_yaml": YAML, **SECRETS}}
+    monkeypatch.setenv("AIRFLOW_CONN_DBLOG_INLINE", json.dumps(conn))
+    path, env = DblogHook("dblog_inline").config_file(tmp_path / "run")
+    file = Path(path)
+    assert file == tmp_path / "run" / "config.yaml" and file.read_text() == YAML
+    assert file.stat().st_mode & 0o777 == 0o600
+    assert env == {
+        "DBLOG_SOURCE_PASSWORD": "p%40ss%3Aw%2Frd",
+        "DBLOG_METADATA_PASSWORD": "m3ta-secret",
+    }
+    named = tmp_path / "dblog.yaml"
+    named.write_text(YAML)
+    assert DblogHook(config_path=str(named)).config_file(tmp_path / "x") == (str(named), {})

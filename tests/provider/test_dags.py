@@ -38,6 +38,7 @@ def test_dags_import_without_errors_or_warnings(
         "dblog_backfill",
         "dblog_health",
         "dblog_on_refresh",
+        "dblog_keep_alive",
     }
     table = bag.dags["dblog_backfill"].params.get_param("table")
     timetable = bag.dags["dblog_on_refresh"].timetable
@@ -50,6 +51,9 @@ def test_dags_import_without_errors_or_warnings(
     else:
         assert "enum" not in table.schema
         assert type(timetable).__name__ == "NullTimetable"  # no config, no Assets: manual only
+    keep_alive = bag.dags["dblog_keep_alive"]
+    assert [t.task_id for t in keep_alive.topological_sort()] == ["ensure_stream", "check_lag"]
+    assert keep_alive.get_task("ensure_stream").mode == "local"
     for dag_id, task_id in [
         ("dblog_backfill", "wait_for_backfill"),
         ("dblog_scheduled_dump", "wait_for_dump"),

@@ -9,8 +9,10 @@ config. Operators and sensors are thin: they call these methods.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from airflow_dblog.config import Config, load_config
@@ -20,7 +22,11 @@ from airflow_dblog.engine.metadata.store import Progress
 from airflow_dblog.engine.planner import plan_dump
 from airflow_dblog.errors import DblogError
 from airflow_dblog.provider.compat import BaseHook
-from airflow_dblog.provider.connections import config_from_extra
+from airflow_dblog.provider.connections import (
+    config_from_extra,
+    config_text_or_path,
+    secret_env,
+)
 from airflow_dblog.redact import redact
 
 
@@ -79,6 +85,24 @@ class DblogHook(BaseHook):
     def stream_lag_s(self) -> float | None:
         """Seconds the stream is behind its source (0 when caught up); None if unknown."""
         return self.stream_status().lag_s
+
+    def config_file(self, folder: Path) -> tuple[str, dict[str, str]]:
+        """A config file a separate process (the stream) can read, and the environment its
+        ``${VAR}`` need: ``config_path``, the connection's file, or its inline YAML written to
+        ``<folder>/config.yaml`` (owner-only; the passwords stay in the environment)."""
+        if self._config_path is not None:
+            return self._config_path, {}
+        extra = self.get_connection(self.dblog_conn_id).extra_dejson
+        self.config  # noqa: B018 - validates the connection's config first
+        path, text = config_text_or_path(extra)
+        if path is None:
+            folder.mkdir(parents=True, exist_ok=True)
+            file = folder / "config.yaml"
+            fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(str(text))
+            path = str(file)
+        return str(path), secret_env(extra)
 
     def test_connection(self) -> tuple[bool, str]:
         try:

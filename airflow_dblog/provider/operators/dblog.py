@@ -1,14 +1,20 @@
-"""Thin operators over DblogHook: plan dumps and backfills, control them, tune the stream."""
+"""Thin operators over DblogHook: keep the stream running, plan dumps and backfills, control
+them, tune the stream."""
 
 from __future__ import annotations
 
+import dataclasses
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
 from airflow_dblog.core.keys import parse_keys
+from airflow_dblog.engine.lag import STALE_AFTER_S
+from airflow_dblog.engine.launcher import Launch, ensure_stream, run_dir
 from airflow_dblog.errors import InputError
 from airflow_dblog.provider.compat import BaseOperator, Context
 from airflow_dblog.provider.hooks.dblog import DblogHook
+from airflow_dblog.redact import redact
 
 
 class _DblogOperator(BaseOperator):
@@ -21,6 +27,74 @@ class _DblogOperator(BaseOperator):
     @property
     def hook(self) -> DblogHook:
         return DblogHook(self.dblog_conn_id, self.config_path)
+
+
+class DblogEnsureStreamOperator(_DblogOperator):
+    """Start the streaming job unless it runs; then wait until it commits (``engine/launcher.py``).
+
+    Already running (a live process started here before, a holder of the ``ha`` lease, or
+    without ``ha`` a commit within ``stale_after_s``, and when the process started here died,
+    another commit within ``probe_s``): logs why and does nothing. Else starts
+    ``dblog stream -c FILE`` (``mode="local"``) or ``spark-submit <spark_args>
+    spark_jobs/dblog_stream.py -c FILE`` (``mode="spark-submit"``) detached from the task, its
+    output in ``log_path`` (default ``<checkpoint>/launcher/stream.log``), and fails with one
+    line naming that log if the process exits or the stream does not commit within
+    ``timeout_s``. Returns ``{"started", "pid", "log_path"}`` (XCom).
+    """
+
+    template_fields: Sequence[str] = (
+        "config_path",
+        "mode",
+        "log_path",
+        "run_dir",
+        "application",
+        "spark_args",
+        "timeout_s",
+    )
+
+    def __init__(
+        self,
+        *,
+        mode: str = "local",
+        log_path: str | None = None,
+        run_dir: str | None = None,
+        python: str | None = None,
+        spark_submit: str = "spark-submit",
+        application: str | None = None,
+        spark_args: Sequence[str] = (),
+        timeout_s: float | str = 120.0,
+        poll_s: float = 2.0,
+        stale_after_s: float = STALE_AFTER_S,
+        probe_s: float = 5.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.probe_s = probe_s
+        self.mode, self.log_path, self.run_dir = mode, log_path, run_dir
+        self.python, self.spark_submit, self.application = python, spark_submit, application
+        self.spark_args, self.timeout_s, self.poll_s = spark_args, timeout_s, poll_s
+        self.stale_after_s = stale_after_s
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        hook = self.hook
+        launch = Launch(
+            mode=self.mode,
+            log_path=self.log_path or None,
+            run_dir=self.run_dir or None,
+            spark_submit=self.spark_submit,
+            application=self.application or None,
+            spark_args=_args(self.spark_args),
+            timeout_s=float(self.timeout_s),
+            poll_s=self.poll_s,
+            stale_after_s=self.stale_after_s,
+            probe_s=self.probe_s,
+            **({"python": self.python} if self.python else {}),
+        )
+        path, env = hook.config_file(run_dir(hook.config, launch))
+        launch = dataclasses.replace(launch, env=env)
+        ensured = ensure_stream(path, hook.config, launch, hook.store)
+        self.log.info("%s", redact(ensured.reason))
+        return {"started": ensured.started, "pid": ensured.pid, "log_path": ensured.log_path}
 
 
 class DblogDumpOperator(_DblogOperator):
@@ -100,6 +174,11 @@ class DblogSetOperator(_DblogOperator):
             delay_ms=_int(self.delay_ms),
             parallelism=_int(self.parallelism),
         )
+
+
+def _args(value: Sequence[str] | str | None) -> list[str]:
+    """spark-submit arguments as a list; a (templated) string is split like a shell would."""
+    return shlex.split(value) if isinstance(value, str) else list(value or ())
 
 
 def _int(value: int | str | None) -> int | None:

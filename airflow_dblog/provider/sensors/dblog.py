@@ -1,4 +1,5 @@
-"""Wait for a dump to finish, logging its progress; classic or deferrable.
+"""Wait for a dump to finish, logging its progress; check the stream's health. Classic or
+deferrable.
 
 The sensor is the task that sees a dump's tables refreshed, so it announces them: one Asset
 event per Delta table and Kafka topic the dump wrote (``provider/assets.py`` names them),
@@ -26,7 +27,11 @@ from airflow_dblog.provider.compat import (
     openlineage_classes,
 )
 from airflow_dblog.provider.hooks.dblog import DblogHook
-from airflow_dblog.provider.triggers.dblog import DblogDumpTrigger
+from airflow_dblog.provider.triggers.dblog import (
+    DblogDumpTrigger,
+    DblogStreamTrigger,
+    stream_line,
+)
 
 
 class DumpFailed(DblogError):
@@ -153,3 +158,89 @@ class DblogDumpSensor(BaseSensorOperator):
             inputs=[dataset(namespace=ns, name=name) for ns, name in inputs],
             outputs=[dataset(namespace=ns, name=name) for ns, name in outputs],
         )
+
+
+class StreamUnhealthy(DblogError):
+    """The stream is not running, its lag is unknown, or it is too far behind its source."""
+
+
+class DblogStreamSensor(BaseSensorOperator):
+    """Succeed when the stream runs within ``max_lag_s`` and ``max_lag_bytes`` of its source.
+
+    Fails when the stream is not running (no commit for ``stale_after_s``), when its lag cannot
+    be read (the source unreachable, its binlog purged), or when the lag stays past a limit for
+    ``grace_s`` (0: at the first look; more lets a just restarted stream catch up). Logs one
+    line per look: ``state=... lag_s=... lag_bytes=...``. Returns the status as a dict (XCom).
+    """
+
+    template_fields: Sequence[str] = ("config_path", "max_lag_s", "max_lag_bytes", "grace_s")
+
+    def __init__(
+        self,
+        *,
+        dblog_conn_id: str = "dblog_default",
+        config_path: str | None = None,
+        max_lag_s: float = 300.0,
+        max_lag_bytes: int = 1 << 30,
+        grace_s: float = 0.0,
+        stale_after_s: float = 60.0,
+        deferrable: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("poke_interval", 10.0)
+        super().__init__(**kwargs)
+        self.dblog_conn_id, self.config_path = dblog_conn_id, config_path
+        self.max_lag_s, self.max_lag_bytes = max_lag_s, max_lag_bytes
+        self.grace_s, self.stale_after_s = grace_s, stale_after_s
+        self.deferrable = deferrable
+        self._lagging_since: float | None = None
+        self._status: dict[str, Any] | None = None
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            super().execute(context)
+            return self._status
+        self.defer(
+            trigger=DblogStreamTrigger(
+                dblog_conn_id=self.dblog_conn_id,
+                config_path=self.config_path,
+                max_lag_s=float(self.max_lag_s),
+                max_lag_bytes=int(self.max_lag_bytes),
+                grace_s=float(self.grace_s),
+                poll_interval_s=float(self.poke_interval),
+                stale_after_s=self.stale_after_s,
+            ),
+            method_name="execute_complete",
+        )
+
+    def poke(self, context: Context) -> bool:
+        status = DblogHook(self.dblog_conn_id, self.config_path).stream_status(
+            stale_after_s=self.stale_after_s
+        )
+        self.log.info("%s", stream_line(status))
+        problem = status.problem(float(self.max_lag_s), int(self.max_lag_bytes))
+        if problem is None:
+            self._status = status.as_dict()
+            return True
+        now = time.monotonic()
+        self._lagging_since = self._lagging_since or now
+        if status.state != "running" or status.lag_s is None:
+            raise StreamUnhealthy(problem, "check the dblog stream job: dblog status -c FILE")
+        if now - self._lagging_since >= float(self.grace_s):
+            raise StreamUnhealthy(problem, "check the dblog stream job: dblog status -c FILE")
+        return False
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        if event["status"] != "ok":
+            raise StreamUnhealthy(
+                f"{event['reason']}", "check the dblog stream job: dblog status -c FILE"
+            )
+        stream = event["stream"]
+        self.log.info(
+            "stream %s: state=%s lag_s=%s lag_bytes=%s",
+            stream["name"],
+            stream["state"],
+            stream["lag_s"],
+            stream["lag_bytes"],
+        )
+        return stream

@@ -1,0 +1,269 @@
+"""The launcher: start the stream unless it runs, wait until it commits, notice a dead one.
+
+Fast tests run a stand-in for ``dblog stream`` (``python=`` a script that commits heartbeats
+to the metadata store as the stream does, then sleeps), so the decisions are exercised without
+a JVM; one test starts the real stream against MariaDB; the lease check runs on ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import fake_stream
+import pytest
+
+from airflow_dblog.config import load_config
+from airflow_dblog.engine.launcher import (
+    Launch,
+    LaunchError,
+    alive,
+    ensure_stream,
+    pid_path,
+    read_record,
+    run_dir,
+    stop,
+)
+from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.metadata.store import utcnow
+
+CONFIG = """
+name: launched
+source: {{type: mysql, url: "mysql://u:secret-pw@127.0.0.1:1/app", tables: [app.t]}}
+metadata: {{url: "sqlite:///{dir}/meta.db"}}
+sinks: {{delta: {{path: {dir}/delta}}}}
+checkpoint: {dir}/cp
+"""
+
+
+@pytest.fixture
+def config_path(tmp_path: Path) -> str:
+    file = tmp_path / "dblog.yaml"
+    file.write_text(CONFIG.format(dir=tmp_path))
+    return str(file)
+
+
+@pytest.fixture
+def fake_python(tmp_path: Path) -> str:
+    return fake_stream.fake_python(tmp_path)
+
+
+@pytest.fixture
+def launched(config_path: str) -> Any:
+    """Kills (the session of) whatever the test started, at its end."""
+    yield
+    record = read_record(pid_path(load_config(config_path), Launch()))
+    if record is not None:
+        stop(record, grace_s=5)
+
+
+def _until_dead(config_path: str) -> None:
+    record = read_record(pid_path(load_config(config_path), Launch()))
+    assert record is not None
+    deadline = time.monotonic() + 10
+    while alive(record):
+        assert time.monotonic() < deadline, f"process {record.pid} outlived SIGKILL"
+        time.sleep(0.05)
+
+
+def test_starts_detached_then_does_nothing_then_restarts_after_kill_9(
+    config_path: str, fake_python: str, launched: None
+) -> None:
+    config = load_config(config_path)
+    launch = Launch(python=fake_python, timeout_s=20, poll_s=0.1, probe_s=1)
+    first = ensure_stream(config_path, config, launch)
+    assert first.started and first.pid is not None
+    assert first.log_path == f"{config.checkpoint}/launcher/stream.log"
+    assert os.getsid(first.pid) == first.pid  # its own session: the task's end does not reach it
+    assert first.status is not None and first.status.state == "running"
+    assert "fake stream up" in Path(first.log_path).read_text()
+
+    again = ensure_stream(config_path, config, launch)
+    assert not again.started and again.pid == first.pid
+    assert f"process {first.pid} started" in again.reason
+
+    os.kill(first.pid, signal.SIGKILL)  # its last heartbeat is fresh: the pid file knows better
+    _until_dead(config_path)
+    restarted = ensure_stream(config_path, config, launch)
+    assert restarted.started and restarted.pid not in (None, first.pid)
+    log = Path(first.log_path).read_text()
+    assert log.count("started by the dblog launcher") == 2
+
+
+def test_a_stream_started_elsewhere_after_ours_died_counts_as_running(
+    config_path: str, fake_python: str, launched: None
+) -> None:
+    config = load_config(config_path)
+    launch = Launch(python=fake_python, timeout_s=20, poll_s=0.1, probe_s=2)
+    ours = ensure_stream(config_path, config, launch)
+    assert ours.pid is not None
+    os.kill(ours.pid, signal.SIGKILL)
+    _until_dead(config_path)
+    elsewhere = subprocess.Popen([fake_python, "-c", config_path], start_new_session=True)
+    try:
+        ensured = ensure_stream(config_path, config, launch)
+    finally:
+        elsewhere.kill()
+        elsewhere.wait(10)
+    assert not ensured.started
+    assert f"after process {ours.pid} started here had died" in ensured.reason
+
+
+def test_a_stream_committing_without_a_pid_file_counts_as_running(
+    config_path: str, tmp_path: Path
+) -> None:
+    config = load_config(config_path)
+    MetadataStore(config.metadata_url).save_stream_state(config.name, heartbeat_at=utcnow())
+    ensured = ensure_stream(config_path, config, Launch(python="/nonexistent/python"))
+    assert not ensured.started and ensured.pid is None
+    assert ensured.reason.startswith("stream launched is running: it committed at ")
+    assert "secret-pw" not in ensured.reason
+
+
+def test_a_process_that_exits_fails_naming_its_log(config_path: str) -> None:
+    config = load_config(config_path)
+    with pytest.raises(LaunchError) as err:
+        ensure_stream(config_path, config, Launch(python="/bin/false", timeout_s=20, poll_s=0.1))
+    log = f"{config.checkpoint}/launcher/stream.log"
+    assert str(err.value) == (
+        f"stream launched exited with code 1 before it ran; see its log {log}"
+    )
+
+
+def test_a_stream_that_never_commits_is_stopped_and_fails_naming_its_log(
+    config_path: str, tmp_path: Path
+) -> None:
+    sleeper = tmp_path / "sleeper"
+    sleeper.write_text("#!/bin/sh\nexec sleep 600\n")
+    sleeper.chmod(0o755)
+    config = load_config(config_path)
+    log = tmp_path / "mine.log"
+    launch = Launch(python=str(sleeper), log_path=str(log), timeout_s=1, poll_s=0.1)
+    with pytest.raises(
+        LaunchError, match=rf"did not commit within 1s and was stopped; see its log {log}$"
+    ):
+        ensure_stream(config_path, config, launch)
+    record = read_record(pid_path(config, launch))
+    assert record is not None and not alive(record)
+
+
+def test_unknown_mode_and_a_remote_checkpoint_without_run_dir_are_refused(
+    config_path: str, tmp_path: Path
+) -> None:
+    with pytest.raises(LaunchError, match="unknown launch mode 'yarn'"):
+        Launch(mode="yarn")
+    # object-store checkpoints are coming (the Spark data plane): the pid file needs a folder
+    remote = dataclasses.replace(load_config(config_path), checkpoint="s3a://b/cp")
+    with pytest.raises(LaunchError, match=r"not a local folder .* pass run_dir"):
+        run_dir(remote, Launch())
+    assert run_dir(remote, Launch(run_dir=str(tmp_path))) == tmp_path
+
+
+def test_spark_submit_command_carries_the_jars_and_the_job(
+    config_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_dblog.engine.launcher import DEFAULT_APPLICATION, stream_command
+
+    monkeypatch.setattr("airflow_dblog.spark.session.spark_jars", lambda: ["/j/a.jar", "/j/b.jar"])
+    launch = Launch(mode="spark-submit", spark_args=["--master", "spark://m:7077"])
+    assert stream_command(config_path, launch) == [
+        "spark-submit",
+        "--master",
+        "spark://m:7077",
+        "--jars",
+        "/j/a.jar,/j/b.jar",
+        str(DEFAULT_APPLICATION),
+        "-c",
+        config_path,
+    ]
+    with pytest.raises(LaunchError, match=r"application /no/job\.py not found"):
+        stream_command(config_path, Launch(mode="spark-submit", application="/no/job.py"))
+
+
+@pytest.mark.integration
+def test_a_holder_of_the_lease_counts_as_running(
+    config_path: str, zookeeper_server: Any, zk_path: str
+) -> None:
+    from airflow_dblog.config import HaConfig
+    from airflow_dblog.engine.leader import LeaderLease
+
+    hosts = zookeeper_server.connect_string(zk_path)
+    Path(config_path).write_text(
+        Path(config_path).read_text() + f"ha: {{zookeeper: '{hosts}', session_timeout_s: 4}}\n"
+    )
+    config = load_config(config_path)
+    lease = LeaderLease(HaConfig(hosts, 4), config.name, "other-host:4242")
+    assert lease.acquire(threading.Event()) is not None
+    try:
+        ensured = ensure_stream(config_path, config, Launch(python="/nonexistent/python"))
+    finally:
+        lease.close()
+    assert not ensured.started
+    assert ensured.reason == (
+        "stream launched is running: other-host:4242 holds the leader lease (1 queued)"
+    )
+    with pytest.raises(LaunchError, match="cannot run /nonexistent/python"):
+        ensure_stream(config_path, config, Launch(python="/nonexistent/python"))
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_spark_submits_the_real_stream_against_mariadb_and_then_leaves_it_alone(
+    mysql_db: Any, tmp_path: Path
+) -> None:
+    """Through pyspark's own spark-submit, ``--master local[2]`` standing in for a cluster's
+    master URL (the driver runs in the spark-submit process either way); ``dblog stream`` in
+    local mode is started for real by the browser test's keep-alive DAG."""
+    conn = mysql_db.connect()
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+        cur.execute("INSERT INTO t VALUES (1, 1)")
+    conn.close()
+    path = tmp_path / "real.yaml"
+    path.write_text(
+        f"""
+name: launched-real
+source: {{type: mysql, url: "{mysql_db.url}", tables: [{mysql_db.name}.t]}}
+metadata: {{url: "sqlite:///{tmp_path}/meta.db"}}
+sinks: {{delta: {{path: {tmp_path}/delta}}}}
+checkpoint: {tmp_path}/cp
+"""
+    )
+    config = load_config(path)
+    spark_submit = Path(sys.executable).parent / "spark-submit"
+    launch = Launch(
+        mode="spark-submit",
+        spark_submit=str(spark_submit),
+        spark_args=[
+            *("--master", "local[2]", "--conf", "spark.ui.enabled=false"),
+            *("--conf", f"spark.pyspark.python={sys.executable}"),  # the workers' Python
+        ],
+        timeout_s=240,
+    )
+    started = time.monotonic()
+    first = ensure_stream(str(path), config, launch)
+    try:
+        print(f"spark-submitted stream committing after {time.monotonic() - started:.1f}s")
+        assert first.started and first.status is not None
+        assert first.status.state == "running" and first.status.lag_bytes is not None
+        again = ensure_stream(str(path), config, launch)
+        assert not again.started and again.pid == first.pid
+    finally:
+        record = read_record(pid_path(config, launch))
+        assert record is not None
+        stop(record)
+    deadline = time.monotonic() + 10  # spark-submit's JVM and the Python driver, reaped
+    with pytest.raises(ProcessLookupError):
+        while time.monotonic() < deadline:
+            os.killpg(record.pid, 0)
+            time.sleep(0.1)
+    assert record.command[:2] == [str(spark_submit), "--master"]
+    assert record.command[-2:] == ["-c", str(path)]
+    assert ":secret" not in " ".join(record.command)
