@@ -38,7 +38,8 @@ private command builder would be of use. And its cost: apache-airflow-providers-
 needs, plus grpcio, grpcio-status, googleapis-common-protos, pandas and zstandard. One
 ``subprocess.Popen`` of spark-submit is less code than adapting it.
 
-Plain Python, no Airflow: the operator (``provider/operators/stream.py``) is a thin adapter.
+Plain Python, no Airflow: the operator (``DblogEnsureStreamOperator`` in
+``provider/operators/dblog.py``) is a thin adapter.
 """
 
 from __future__ import annotations
