@@ -53,6 +53,8 @@ class DumpSettings:
 class DeltaSinkConfig:
     path: str
     tombstone_retention_hours: int = 168
+    # new tables only: an update marks the old row instead of rewriting its file
+    deletion_vectors: bool = True
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,7 @@ class _Section:
             " or ".join(k.__name__ for k in kinds)
             .replace("str", "a string")
             .replace("int", "an integer")
+            .replace("bool", "true or false")
         )
         raise ConfigError(f"{self.path(key)} must be {names}, got {value!r}")
 
@@ -324,6 +327,7 @@ def _sinks(
         delta = DeltaSinkConfig(
             path=_resolve_path(d.string("path"), base_dir),
             tombstone_retention_hours=d.integer("tombstone_retention_hours", 168, minimum=0),
+            deletion_vectors=d.get("deletion_vectors", bool, True),
         )
         d.done()
     if k := sec.section("kafka", required=False):

@@ -87,6 +87,7 @@ def test_defaults_and_env_default_syntax() -> None:
     assert config.source.watermark == "table"
     assert (config.dump.chunk_size, config.dump.delay_ms, config.dump.parallelism) == (10000, 0, 1)
     assert config.kafka is None and config.ha is None
+    assert config.delta is not None and config.delta.deletion_vectors
     assert config.metadata_url.endswith("/dblog-meta.db")
 
 
@@ -183,6 +184,11 @@ MALFORMED = [
         "empty url",
         _edit("mysql://dblog:${DB_PASSWORD}@127.0.0.1:3306/app", "''"),
         "source.url is empty",
+    ),
+    (
+        "deletion vectors text",
+        _edit("{path: ./out/delta}", "{path: ./out/delta, deletion_vectors: yes please}"),
+        "sinks.delta.deletion_vectors must be true or false",
     ),
     (
         "slot on mysql",

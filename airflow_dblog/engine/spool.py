@@ -347,18 +347,22 @@ def _span(bounds: list[Any] | None, value: Any) -> list[Any] | None:
 
 
 def dump_bounds(footers: Sequence[dict[str, Any]]) -> dict[str, tuple[Any, Any]]:
-    """Tables whose events in these segments are all dumped rows, with their first key's range.
+    """Tables with dumped rows in these segments, with the range of those rows' first key.
 
-    A segment from before footers said so counts as having log events.
+    A table whose dumped keys have no order Python and Spark agree on is left out.
     """
-    logged = {t for f in footers for t in f.get("logged", f["tables"])}
     spans: dict[str, list[Any] | None] = {}
     for footer in footers:
         for table, span in footer.get("dump_keys", {}).items():
-            if table not in logged:
-                for value in span or [None]:  # None: this table's keys have no usable order
-                    spans[table] = _span(spans.get(table, []), value)
+            for value in span or [None]:  # None: this table's keys have no usable order
+                spans[table] = _span(spans.get(table, []), value)
     return {table: (span[0], span[1]) for table, span in spans.items() if span}
+
+
+def logged_tables(footers: Sequence[dict[str, Any]]) -> set[str]:
+    """Tables with log events in these segments (a segment from before footers said which
+    counts every table it holds)."""
+    return {t for f in footers for t in f.get("logged", f["tables"])}
 
 
 def is_footer(line: str) -> bool:

@@ -36,7 +36,7 @@ from airflow_dblog.engine.leader import LeaderLease
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.signals import SignalChannel
 from airflow_dblog.engine.sink_progress import SinkProgress
-from airflow_dblog.engine.spool import Spool, dump_bounds
+from airflow_dblog.engine.spool import Spool, dump_bounds, logged_tables
 from airflow_dblog.errors import DblogError
 from airflow_dblog.sinks.base import Sink
 from airflow_dblog.sinks.delta_sink import DeltaSink, FrameBatch
@@ -117,7 +117,8 @@ class BatchCommitter:
                     last,
                     count,
                 )
-                self.sink.write(last, FrameBatch(events, tables, dump_bounds(footers)))
+                batch = FrameBatch(events, tables, dump_bounds(footers), logged_tables(footers))
+                self.sink.write(last, batch)
             committed = self.progress.held(self.sink.name, footers)
             closed = sum(len(f["closed"]) for f in committed)
             if count or closed:

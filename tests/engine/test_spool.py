@@ -13,7 +13,7 @@ import pytest
 
 from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.core.position import Position
-from airflow_dblog.engine.spool import Spool, dump_bounds, is_footer, plain_value
+from airflow_dblog.engine.spool import Spool, dump_bounds, is_footer, logged_tables, plain_value
 from airflow_dblog.errors import DblogError
 
 TABLE = TableId("db", "t")
@@ -100,8 +100,9 @@ def test_footers_say_which_tables_hold_only_dumped_rows_and_their_key_range(
     spool.append([dumped(other, decimal.Decimal("1.5"))], {"closed": []})
     footers = [spool.footer(seq) for seq in spool.segments()]
     assert dump_bounds(footers[:1]) == {"db.t": (3, 5), "db.u": ("b", "b")}
-    assert dump_bounds(footers[:2]) == {"db.u": ("a", "b")}  # db.t has a log event too
-    assert dump_bounds(footers) == {}  # decimals are text here: no order to trust
+    assert dump_bounds(footers[:2]) == {"db.t": (3, 8), "db.u": ("a", "b")}
+    assert logged_tables(footers[:2]) == {"db.t"}  # db.t has a log event too
+    assert dump_bounds(footers) == {"db.t": (3, 8)}  # decimals are text here: no order to trust
 
 
 def test_a_backlog_is_read_in_bites_of_bounded_size(

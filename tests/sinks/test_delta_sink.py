@@ -70,12 +70,28 @@ def _write(
     batch_id: int,
     events: list[ChangeEvent],
     dump_bounds: dict[str, tuple[Any, Any]] | None = None,
+    logged: set[str] | None = None,
 ) -> None:
-
+    """``dump_bounds`` without ``logged``: the batch holds dumped rows alone."""
     spark = sink.spark
     lines = spark.createDataFrame([(EventText.of(e).line(),) for e in events], "line string")
     frame = lines.selectExpr(f"from_json(line, '{EVENT_DDL}') AS e").select("e.*")
-    sink.write(batch_id, FrameBatch(frame, {str(e.table) for e in events}, dump_bounds or {}))
+    tables = {str(e.table) for e in events}
+    sink.write(batch_id, FrameBatch(frame, tables, dump_bounds or {}, logged or ()))
+
+
+def _feed(sink: DeltaSink) -> list[tuple[int, str]]:
+    """(key, position) of every insert and update post-image, in commit order."""
+    feed = (
+        sink.spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", 0)
+        .load(sink.table_path(TABLE))
+        .where("_change_type IN ('insert', 'update_postimage')")
+        .orderBy("_commit_version")
+        .collect()
+    )
+    return [(r["a"], r["_dblog_position"]) for r in feed]
 
 
 def _state(sink: DeltaSink) -> dict[int, dict[str, Any]]:
@@ -171,7 +187,7 @@ def test_a_deposed_leaders_merge_under_way_fails_when_the_new_leader_fences(
     new.fence()
     thread.join(120)
     assert len(failed) == 1 and isinstance(failed[0], FencedError), failed
-    assert _version(new) == version + 1  # the fence, not the old MERGE
+    assert _version(new) == version + 2  # the fence (one commit per app id), not the old MERGE
     assert set(_state(new)) == {1}
 
 
@@ -204,7 +220,7 @@ def test_tombstones_past_their_retention_are_purged(spark: Any, tmp_path: Path) 
     assert set(_state(sink)) == {2, 3}  # the fresh tombstone and the live row stay
 
 
-def test_change_data_feed_is_on(sink: DeltaSink) -> None:
+def test_change_data_feed_and_deletion_vectors_are_on(sink: DeltaSink) -> None:
     _write(sink, 1, [_event("c", 1, 5, 10)])
     _write(sink, 2, [_event("u", 1, 6, 11)])
     feed = (
@@ -217,6 +233,8 @@ def test_change_data_feed_is_on(sink: DeltaSink) -> None:
         .collect()
     )
     assert [r["qty"] for r in feed] == [5, 6]
+    detail = sink.spark.sql(f"DESCRIBE DETAIL delta.`{sink.table_path(TABLE)}`").first()
+    assert detail["properties"]["delta.enableDeletionVectors"] == "true"
 
 
 @pytest.mark.parametrize(
@@ -303,6 +321,38 @@ def test_a_batch_of_dumped_rows_bounded_by_its_key_range_keeps_the_guard(
     state = _state(sink)
     assert (state[20]["qty"], state[21]["_dblog_position"]) == (5, str(Position.mysql(1, 41)))
     assert _version(sink) == version + 1 and len(state) == 6
+
+
+def test_a_batch_of_dumped_rows_and_log_rows_commits_them_apart(sink: DeltaSink) -> None:
+    """Dumped rows go in bounded by their range (an append where Delta holds none of it),
+    then the log rows through their own MERGE; each part is idempotent on its own, so a crash
+    between them replays only the log part, and no key's version goes back in the feed."""
+    from delta.tables import DeltaTable
+
+    _write(sink, 1, [_event("c", 50, 1, 10)])
+    dumped = [dataclasses.replace(_event("r", a, 2, 40), chunk_id=1, dump_id=1) for a in (1, 2, 3)]
+    logged = [
+        _event("u", 2, 3, 41),  # after the window: newer than the dumped row of key 2
+        _event("c", 3, 9, 5),  # older than the dumped row of key 3: kept out by the guard
+        _event("u", 50, 4, 42),  # a key outside the dumped range
+    ]
+    name = str(TABLE)
+    # a crash after the dumped part: the batch had committed only that
+    _write(sink, 2, dumped, {name: (1, 3)})
+    _write(sink, 2, dumped + logged, {name: (1, 3)}, {name})  # replayed: the log part only
+    _write(sink, 2, dumped + logged, {name: (1, 3)}, {name})  # and again: nothing
+    state = _state(sink)
+    assert {a: state[a]["qty"] for a in state} == {1: 2, 2: 3, 3: 2, 50: 4}
+    operations = [
+        r["operation"]
+        for r in DeltaTable.forPath(sink.spark, sink.table_path(TABLE)).history().collect()
+    ]
+    assert operations[:2] == ["MERGE", "WRITE"]  # newest first: the log MERGE, the append
+    assert len(operations) == 4  # the table's creation, batch 1, then batch 2's two parts
+    feed = _feed(sink)
+    for key in {a for a, _ in feed}:
+        positions = [p for a, p in feed if a == key]
+        assert positions == sorted(positions), (key, positions)
 
 
 def test_optimize_compacts_and_keeps_every_row(sink: DeltaSink) -> None:
