@@ -248,13 +248,8 @@ def _build(raw: dict[str, Any], base_dir: Path) -> Config:
         )
         dump.done()
     delta, kafka = _sinks(top.section("sinks"), base_dir)
+    # a URI (s3a://, abfss://, gs://, hdfs://) holds the spool and Spark's checkpoint there
     checkpoint = _resolve_path(top.string("checkpoint"), base_dir)
-    if _URI.match(checkpoint):
-        raise ConfigError(
-            f"checkpoint {checkpoint} is not a local path: the stream's spool is written with"
-            " local file I/O (object-store checkpoints come with the Spark data plane)",
-            "set checkpoint to a local or mounted directory (sinks.delta.path may be a URI)",
-        )
     ha = None
     if ha_raw := top.section("ha", required=False):
         ha = HaConfig(

@@ -1,11 +1,14 @@
 """The durable changelog between the capture thread and Spark: numbered JSON-lines segments.
 
 The capture thread writes each merged batch as one segment ``<seq>.jsonl`` under
-``<checkpoint>/spool``: one line per change event, then a footer line with the reader offset
-after the batch and the chunks the batch closed. A segment appears atomically (written to a
-temporary name, fsynced, renamed), so Spark's source sees whole segments only and a batch it
-planned before a crash reads back byte for byte the same after a restart. Spark's offsets are
-segment numbers; segments are deleted once Spark has committed the batch that read them.
+``<checkpoint>/spool``, wherever the checkpoint is (a local directory or any Hadoop-compatible or
+object store, see :mod:`~airflow_dblog.engine.spool_store`): one line per change event, then a
+footer line with the reader offset after the batch and the chunks the batch closed. A segment
+appears whole or not at all (locally: temporary name, fsync, link; on an object store: one PUT),
+so Spark sees whole segments only and a batch it planned before a crash reads back byte for byte
+the same after a restart. Spark's offsets are segment numbers; Spark's executors read the
+segments through Hadoop's filesystem, never from the driver. Segments are deleted once every
+sink holds them.
 
 Values are written as plain JSON a consumer can use without this package: decimals, UUIDs and
 times as text, bytes as base64, JSON columns as their text.
@@ -22,16 +25,17 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from airflow_dblog.core.events import ChangeEvent, Row
 from airflow_dblog.core.merge import ClosedChunk
+from airflow_dblog.engine.spool_store import Entry, open_store
 from airflow_dblog.errors import DblogError
 
 _SUFFIX = ".jsonl"
 _WIDTH = 12
+_HEAD_BYTES = 4096  # a heartbeat segment (its footer alone) fits in this
 
 
 def plain_value(value: Any) -> Any:
@@ -171,31 +175,49 @@ class Segment(NamedTuple):
 
 
 class Spool:
-    def __init__(self, directory: str | os.PathLike[str], remember_events: int = 0) -> None:
+    """The segments under one folder of a :mod:`~airflow_dblog.engine.spool_store` store."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        remember_events: int = 0,
+        conf: Mapping[str, str] | None = None,
+    ) -> None:
         """``remember_events``: keep the newest segments' events in memory, up to about this
-        many, for :meth:`read` (a follower in this process then parses no file)."""
-        self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        many, for :meth:`read` (a follower in this process then parses no file). ``conf``: the
+        stream's ``spark.conf`` (an object store's endpoint)."""
+        self.store = open_store(os.fspath(directory), conf)
+        self.location = self.store.location
         self.appended = threading.Event()  # set by each append: wakes a follower at once
         self._remember = remember_events
         self._recent: collections.OrderedDict[int, Segment] = collections.OrderedDict()
         self._recent_events = 0
         self._lock = threading.Lock()
 
-    def path(self, seq: int) -> Path:
-        return self.dir / f"{seq:0{_WIDTH}d}{_SUFFIX}"
+    @staticmethod
+    def name(seq: int) -> str:
+        return f"{seq:0{_WIDTH}d}{_SUFFIX}"
+
+    def uri(self, seq: int) -> str:
+        """The segment as Spark's filesystem layer names it (what executors read)."""
+        return self.store.uri(self.name(seq))
+
+    def entries(self) -> dict[int, Entry]:
+        """The complete segments by number: their size and modification time."""
+        out = {}
+        for entry in self.store.list(_SUFFIX):
+            stem = entry.name[: -len(_SUFFIX)]
+            if stem.isdigit() and not entry.name.startswith("."):
+                out[int(stem)] = entry
+        return dict(sorted(out.items()))
 
     def segments(self) -> list[int]:
         """Sequence numbers of the complete segments, ascending."""
-        return sorted(
-            int(p.name[: -len(_SUFFIX)])
-            for p in self.dir.glob(f"*{_SUFFIX}")
-            if p.name[: -len(_SUFFIX)].isdigit()
-        )
+        return list(self.entries())
 
     def size(self, seq: int) -> int:
         """The segment's bytes."""
-        return self.path(seq).stat().st_size
+        return self.entries()[seq].size
 
     def end(self) -> int:
         """One past the last segment: the next segment's number."""
@@ -204,32 +226,28 @@ class Spool:
 
     def append(self, events: Sequence[ChangeEvent], footer: dict[str, Any]) -> int:
         seq = self.end()
-        tmp = self.dir / f".{seq}.{os.getpid()}.tmp"
         texts = [EventText.of(event) for event in events]
-        try:
-            footer = self._write(tmp, seq, events, texts, footer)
+        data, footer = self._encode(seq, events, texts, footer)
+        try:  # never overwrites: a segment is written once, by one process
+            self.store.create(self.name(seq), data)
+        except FileExistsError:
+            raise DblogError(
+                f"spool segment {seq} in {self.location} was written by another process",
+                "run one stream process per checkpoint directory (standbys need ha.zookeeper)",
+            ) from None
         except OSError as err:
-            tmp.unlink(missing_ok=True)
             if err.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise DblogError(
-                    f"the checkpoint disk is full: no space for spool segment {seq} in {self.dir}",
+                    f"the checkpoint disk is full: no space for spool segment {seq} in"
+                    f" {self.location}",
                     "free space or move checkpoint to a larger disk, then start the stream"
                     " again: it resumes where it stopped",
                 ) from None
+            reason = err.strerror or str(err).strip().splitlines()[0]
             raise DblogError(
-                f"cannot write spool segment {seq} in {self.dir}: {err.strerror}",
-                "check the checkpoint directory's permissions and disk",
+                f"cannot write spool segment {seq} in {self.location}: {reason}",
+                self.store.write_hint,
             ) from None
-        try:  # link, not replace: a segment is never overwritten, even by a second writer
-            os.link(tmp, self.path(seq))
-        except FileExistsError:
-            raise DblogError(
-                f"spool segment {seq} in {self.dir} was written by another process",
-                "run one stream process per checkpoint directory (standbys need ha.zookeeper)",
-            ) from None
-        finally:
-            tmp.unlink()
-        _fsync_dir(self.dir)
         if self._remember:
             with self._lock:
                 self._recent[seq] = Segment(texts, footer)
@@ -261,46 +279,42 @@ class Spool:
         return segment
 
     @staticmethod
-    def _write(
-        tmp: Path,
+    def _encode(
         seq: int,
         events: Sequence[ChangeEvent],
         texts: Sequence[EventText],
         footer: dict[str, Any],
-    ) -> dict[str, Any]:
-        """Write the segment; returns its footer as written."""
+    ) -> tuple[bytes, dict[str, Any]]:
+        """The segment's bytes (written in one piece: one PUT on an object store) and its
+        footer as written."""
         tables: set[str] = set()
         logged: set[str] = set()
         dumped: dict[str, list[Any] | None] = {}  # table -> first key column's [lowest, highest]
-        with open(tmp, "w", encoding="utf-8") as out:
-            for event, text in zip(events, texts, strict=True):
-                out.write(text.line())
-                out.write("\n")
-                table = str(event.table)
-                tables.add(table)
-                if event.chunk_id is None:
-                    logged.add(table)
-                else:
-                    dumped[table] = _span(dumped.get(table, []), event.key[0])
-            summary = {
-                "seq": seq,
-                "events": len(events),
-                "tables": sorted(tables),
-                "logged": sorted(logged),
-                "dump_keys": dumped,
-            }
-            footer = {**footer, **summary}
-            out.write(json.dumps({"footer": footer}))
-            out.write("\n")
-            out.flush()
-            os.fsync(out.fileno())
-        return footer
+        out: list[str] = []
+        for event, text in zip(events, texts, strict=True):
+            out.append(text.line())
+            table = str(event.table)
+            tables.add(table)
+            if event.chunk_id is None:
+                logged.add(table)
+            else:
+                dumped[table] = _span(dumped.get(table, []), event.key[0])
+        summary = {
+            "seq": seq,
+            "events": len(events),
+            "tables": sorted(tables),
+            "logged": sorted(logged),
+            "dump_keys": dumped,
+        }
+        footer = {**footer, **summary}
+        out.append(json.dumps({"footer": footer}))
+        out.append("")
+        return "\n".join(out).encode("utf-8"), footer
 
     def lines(self, seq: int) -> Iterator[str]:
         """The segment's raw lines: events, then the footer last."""
-        with open(self.path(seq), encoding="utf-8") as src:
-            for line in src:
-                yield line.rstrip("\n")
+        text = self.store.read(self.name(seq)).decode("utf-8")
+        yield from text.removesuffix("\n").split("\n")
 
     def footer(self, seq: int) -> dict[str, Any]:
         last = ""
@@ -311,15 +325,19 @@ class Spool:
     def heartbeat_only(self, seq: int) -> bool:
         """The segment holds no event and closes no chunk: it only moves the reader offset.
 
-        Reads the first line only (a segment without events is its footer alone): this runs at
+        Reads the head only (a segment without events is its footer alone): this runs at
         every Delta trigger, on segments of megabytes.
         """
-        with open(self.path(seq), encoding="utf-8") as src:
-            first = src.readline()
-        return is_footer(first) and not json.loads(first)["footer"]["closed"]
+        head = self.store.head(self.name(seq), _HEAD_BYTES).decode("utf-8", "replace")
+        if not is_footer(head):
+            return False
+        first, newline, _ = head.partition("\n")
+        if not newline:  # a footer longer than the head (many chunks closed): read it all
+            first = next(iter(self.lines(seq)))
+        return not json.loads(first)["footer"]["closed"]
 
     def drop_before(self, seq: int) -> int:
-        """Delete segments numbered below ``seq`` (Spark committed the batches that read them)."""
+        """Delete segments numbered below ``seq`` (every sink holds the batches that read them)."""
         with self._lock:
             while self._recent and next(iter(self._recent)) < seq:
                 self._forget(next(iter(self._recent)))
@@ -327,7 +345,7 @@ class Spool:
         for old in self.segments():
             if old >= seq:
                 break
-            self.path(old).unlink(missing_ok=True)
+            self.store.delete(self.name(old))
             dropped += 1
         return dropped
 
@@ -367,11 +385,3 @@ def logged_tables(footers: Sequence[dict[str, Any]]) -> set[str]:
 
 def is_footer(line: str) -> bool:
     return line.startswith('{"footer"')
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

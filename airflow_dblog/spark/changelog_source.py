@@ -1,36 +1,30 @@
-"""The stream's Spark source: the spool's segments as a PySpark Python data source.
+"""The stream's Spark source: the spool's segment numbers, as a PySpark Python data source.
 
-An offset is ``{"segment": N}``: everything before segment N. A micro-batch's segments are
-split into a few input partitions, read by Python workers as raw JSON lines (``seq``,
-``footer``, ``line``); Spark parses the lines itself (``from_json``) on the executors. Offsets are
-plain segment numbers and segments are immutable, so a batch Spark re-plans after a crash reads
-exactly the same lines.
+An offset is ``{"segment": N}``: everything before segment N. The planning side (on the driver)
+lists the spool through :mod:`~airflow_dblog.engine.spool_store`; a batch's rows are only its
+segment numbers, so ``read()``, which Spark runs on executors, touches no file at all. The
+batch's ``foreachBatch`` reads the segments themselves with ``spark.read.text`` (Hadoop's
+filesystem, with the session's object-store settings) and parses them on the executors
+(:func:`~airflow_dblog.spark.stream_job.segment_lines`). Offsets are plain segment numbers and
+segments are immutable, so a batch Spark re-plans after a crash reads exactly the same lines.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import LongType, StructField, StructType
 
-from airflow_dblog.engine.spool import Spool, is_footer
+from airflow_dblog.engine.spool import Spool
 
 NAME = "dblog_changelog"
 
-LINES = StructType(
-    [
-        StructField("seq", LongType(), False),
-        StructField("footer", BooleanType(), False),
-        StructField("line", StringType(), False),
-    ]
-)
+SEGMENTS = StructType([StructField("seq", LongType(), False)])
 
-
-MAX_PARTITIONS = 4  # a batch's segments are split into at most this many Spark tasks
-PARTITION_BYTES = 8 << 20  # ...of about this much spool each: a small batch is one task
 # A backlog is taken in bites of this much spool (~150,000 events): memory stays bounded, and
 # a sink with a high cost per batch (Delta's MERGE) catches up with bigger batches, not more
 MAX_BATCH_BYTES = 48 << 20
@@ -40,78 +34,77 @@ IDLE_BATCH_S = 5.0
 
 
 class SegmentPartition(InputPartition):
-    """Consecutive segments, read by one task."""
+    """A batch's segment numbers (all of them: reading the files is Spark's own job)."""
 
-    def __init__(self, directory: str, seqs: list[int]) -> None:
+    def __init__(self, seqs: list[int]) -> None:
         super().__init__(tuple(seqs))
-        self.directory, self.seqs = directory, seqs
+        self.seqs = seqs
 
 
 class ChangelogStreamReader(DataSourceStreamReader):
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
+    def __init__(self, directory: str, conf: dict[str, str] | None = None) -> None:
+        self.directory, self.conf = directory, conf or {}
+
+    def _spool(self) -> Spool:
+        return Spool(self.directory, conf=self.conf)
 
     def initialOffset(self) -> dict[str, Any]:
-        seqs = Spool(self.directory).segments()
+        seqs = self._spool().segments()
         return {"segment": seqs[0] if seqs else 0}
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict:
-        spool = Spool(self.directory)
-        seqs = spool.segments()
+        spool = self._spool()
+        entries = spool.entries()  # one listing: sizes and times come with it
+        seqs = list(entries)
         if start is None or not seqs:
             return {"segment": seqs[-1] + 1 if seqs else 0}
         first = int(start["segment"])
         taken: list[int] = []
         size = 0
         for seq in (seq for seq in seqs if seq >= first):
-            size += spool.size(seq)
+            size += entries[seq].size
             if size > MAX_BATCH_BYTES and taken:  # at least one segment, however big
                 break
             taken.append(seq)
-        if not taken or _fresh_heartbeats(spool, taken):
+        if not taken or _fresh_heartbeats(spool, taken, entries[taken[0]].mtime):
             return {"segment": first}
         return {"segment": taken[-1] + 1}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         first, stop = int(start["segment"]), int(end["segment"])
-        spool = Spool(self.directory)
-        seqs = [seq for seq in spool.segments() if first <= seq < stop]
-        total = sum(spool.size(seq) for seq in seqs)
-        tasks = min(MAX_PARTITIONS, len(seqs), 1 + total // PARTITION_BYTES)
-        size = max(1, -(-len(seqs) // max(1, tasks)))  # ceiling division
-        return [
-            SegmentPartition(self.directory, seqs[i : i + size]) for i in range(0, len(seqs), size)
-        ]
+        seqs = [seq for seq in self._spool().segments() if first <= seq < stop]
+        return [SegmentPartition(seqs)] if seqs else []
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[int, bool, str]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[int]]:
+        """On an executor: the numbers only, no file (the spool may be the driver's disk)."""
         assert isinstance(partition, SegmentPartition)
-        spool = Spool(partition.directory)
         for seq in partition.seqs:
-            for line in spool.lines(seq):
-                yield seq, is_footer(line), line
+            yield (seq,)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark committed up to ``end``; the batch committer deletes old segments itself."""
 
 
-def _fresh_heartbeats(spool: Spool, seqs: Sequence[int]) -> bool:
+def _fresh_heartbeats(spool: Spool, seqs: Sequence[int], oldest_mtime: float) -> bool:
     """The segments hold heartbeats only, the oldest written less than IDLE_BATCH_S ago."""
-    age = time.time() - spool.path(seqs[0]).stat().st_mtime
+    age = time.time() - oldest_mtime
     return age < IDLE_BATCH_S and all(spool.heartbeat_only(seq) for seq in seqs)
 
 
 class ChangelogSource(DataSource):
-    """``spark.readStream.format("dblog_changelog").option("path", <spool dir>)``."""
+    """``spark.readStream.format("dblog_changelog").option("path", <spool dir or URI>)``, and
+    ``option("conf", <JSON of the stream's spark.conf filesystem settings>)`` for the store's
+    endpoint (credentials: the driver's environment)."""
 
     @classmethod
     def name(cls) -> str:
         return NAME
 
     def schema(self) -> StructType:
-        return LINES
+        return SEGMENTS
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         directory = self.options.get("path")
         if not directory:
             raise ValueError("the dblog_changelog source needs option path (the spool directory)")
-        return ChangelogStreamReader(directory)
+        return ChangelogStreamReader(directory, json.loads(self.options.get("conf") or "{}"))

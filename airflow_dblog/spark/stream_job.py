@@ -26,7 +26,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_dblog.config import Config
@@ -37,6 +36,7 @@ from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.signals import SignalChannel
 from airflow_dblog.engine.sink_progress import SinkProgress
 from airflow_dblog.engine.spool import Spool, dump_bounds, logged_tables
+from airflow_dblog.engine.spool_store import S3_ENDPOINT, join
 from airflow_dblog.errors import DblogError
 from airflow_dblog.sinks.base import Sink
 from airflow_dblog.sinks.delta_sink import DeltaSink, FrameBatch
@@ -73,24 +73,28 @@ class BatchCommitter:
     """
 
     def __init__(
-        self, sink: Sink[FrameBatch], progress: SinkProgress, store: MetadataStore
+        self, sink: Sink[FrameBatch], progress: SinkProgress, store: MetadataStore, spool: Spool
     ) -> None:
-        self.sink, self.progress, self.store = sink, progress, store
+        self.sink, self.progress, self.store, self.spool = sink, progress, store, spool
         # Spark reports a failed batch as a py4j traceback; the job reports this one line
         self.failure: DblogError | None = None
 
-    def __call__(self, lines: DataFrame, batch_id: int) -> None:
+    def __call__(self, segments: DataFrame, batch_id: int) -> None:
         try:
-            self._commit(lines, batch_id)
+            self._commit(segments, batch_id)
         except DblogError as err:
             self.failure = err
             raise
 
-    def _commit(self, lines: DataFrame, batch_id: int) -> None:
+    def _commit(self, segments: DataFrame, batch_id: int) -> None:
         from pyspark.sql import functions as F
 
         started = time.monotonic()
         self.store.check_fence()
+        seqs = sorted(row["seq"] for row in segments.collect())  # a handful of numbers
+        if not seqs:
+            return
+        lines = segment_lines(segments.sparkSession, [self.spool.uri(seq) for seq in seqs])
         parsed = lines.select(
             "seq",
             "footer",
@@ -136,6 +140,22 @@ class BatchCommitter:
             parsed.unpersist()
 
 
+def segment_lines(spark: Any, uris: Sequence[str]) -> DataFrame:
+    """The segments' lines as ``seq``, ``footer``, ``line``, read by the executors through
+    Hadoop's filesystem (the session's s3a/abfs/gs settings), never from the driver's disk.
+
+    Row order does not matter: the sinks order a batch's events by their positions, and the
+    footer is told apart by its text, not by being last.
+    """
+    from pyspark.sql import functions as F
+
+    return spark.read.text(list(uris)).select(
+        F.regexp_extract(F.col("_metadata.file_name"), r"^(\d+)\.", 1).cast("long").alias("seq"),
+        F.col("value").startswith('{"footer"').alias("footer"),
+        F.col("value").alias("line"),
+    )
+
+
 class Worker(threading.Thread):
     """A daemon thread running ``loop(stopping)``; its failure is kept for the main loop."""
 
@@ -175,7 +195,11 @@ def run_stream(
         # dumps already requested are read after it
         source = open_source(config)
         # Kafka's forwarder takes new segments from memory: nothing parsed, nothing encoded twice
-        spool = Spool(Path(config.checkpoint) / "spool", FORWARDED_IN_MEMORY if config.kafka else 0)
+        spool = Spool(
+            join(config.checkpoint, "spool"),
+            FORWARDED_IN_MEMORY if config.kafka else 0,
+            conf=config.spark.conf,
+        )
         capture = SpooledCapture(
             config, store, source, lambda offset: open_reader(config, offset), spool
         )
@@ -244,14 +268,16 @@ def _start_delta_query(
     delta = DeltaSink(spark, config.delta, schemas, app_id, describer.describe, token)
     cleanup.callback(delta.close)
     delta.fence()  # a deposed leader's batch, even one under way, now commits nothing
-    committer = BatchCommitter(delta, progress, store)
+    committer = BatchCommitter(delta, progress, store, spool)
+    endpoint = {k: v for k, v in config.spark.conf.items() if k == S3_ENDPOINT}  # no secrets
     query = (
         spark.readStream.format(NAME)
-        .option("path", str(spool.dir))
+        .option("path", spool.location)
+        .option("conf", json.dumps(endpoint))
         .load()
         .writeStream.queryName(f"dblog-{config.name}-delta")
         .foreachBatch(committer)
-        .option("checkpointLocation", str(Path(config.checkpoint) / "spark" / "delta"))
+        .option("checkpointLocation", join(config.checkpoint, "spark", "delta"))
         .trigger(processingTime=DELTA_TRIGGER)
         .start()
     )
