@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlparse
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVICES_SH = REPO_ROOT / "scripts" / "services.sh"
@@ -758,3 +758,54 @@ def read_committed(servers: str, topic: str, quiet_s: float = 3.0) -> list[tuple
         out.append((json.loads(msg.key()), None if value is None else json.loads(value)))
     consumer.close()
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the standalone Spark cluster and object store (scripts/services.sh up spark object-store)
+
+CLUSTER_ENV = (
+    "DBLOG_SPARK_MASTER",
+    "DBLOG_S3_ENDPOINT",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+)
+
+
+def cluster_missing() -> list[str]:
+    """The variables of ``scripts/services.sh env`` the cluster tests need and lack."""
+    return [name for name in CLUSTER_ENV if not os.environ.get(name)]
+
+
+def _listening(url: str) -> bool:
+    parts = urlparse(url)
+    try:
+        socket.create_connection((parts.hostname, parts.port), timeout=2).close()
+    except OSError:
+        return False
+    return True
+
+
+def ensure_cluster() -> None:
+    """Like the other local services: started on first use when they are down."""
+    if _listening(os.environ["DBLOG_SPARK_MASTER"]) and _listening(os.environ["DBLOG_S3_ENDPOINT"]):
+        return
+    done = subprocess.run(
+        ["bash", str(SERVICES_SH), "up", "spark", "object-store"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, f"services.sh up spark object-store failed: {done.stderr[-3000:]}"
+
+
+def s3_storage_options() -> dict[str, str]:
+    """The object store for another engine (``deltalake``), from the same environment."""
+    return {
+        "AWS_ENDPOINT_URL": os.environ["DBLOG_S3_ENDPOINT"],
+        "AWS_ACCESS_KEY_ID": os.environ["AWS_ACCESS_KEY_ID"],
+        "AWS_SECRET_ACCESS_KEY": os.environ["AWS_SECRET_ACCESS_KEY"],
+        "AWS_REGION": os.environ.get("AWS_REGION", "us-east-1"),
+        "AWS_ALLOW_HTTP": "true",
+    }

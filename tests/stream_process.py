@@ -32,8 +32,12 @@ def write_config(
     metadata_url: str | None = None,
     watermark: str = "table",
     tables: Sequence[str] | None = None,
+    checkpoint: str | None = None,
+    delta: str | None = None,
+    master: str = "local[2]",
 ) -> Path:
-    """A fresh stream (new name, metadata, checkpoint) of ``tables`` (default: ``db``'s table)."""
+    """A fresh stream (new name, metadata, checkpoint) of ``tables`` (default: ``db``'s table);
+    ``checkpoint`` and ``delta`` default to folders of ``tmp_path``."""
     path = tmp_path / "stream.yaml"
     name = f"st-{uuid.uuid4().hex[:8]}"
     signals = f", signal_topic: {signal_topic}" if signal_topic else ""
@@ -50,10 +54,10 @@ source:
   watermark: {watermark}
 metadata: {{url: "{metadata_url or f"sqlite:///{tmp_path}/meta.db"}"}}
 dump: {{chunk_size: {chunk_size}, parallelism: 2, delay_ms: {delay_ms}}}
-sinks: {{delta: {{path: {tmp_path}/delta}}{kafka_sink}}}
-checkpoint: {tmp_path}/checkpoint
+sinks: {{delta: {{path: "{delta or f"{tmp_path}/delta"}"}}{kafka_sink}}}
+checkpoint: "{checkpoint or f"{tmp_path}/checkpoint"}"
 spark:
-  master: "local[2]"
+  master: "{master}"
   conf: {{spark.ui.enabled: false, spark.sql.shuffle.partitions: 2}}
 """
         + (

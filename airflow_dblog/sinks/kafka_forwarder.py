@@ -60,10 +60,10 @@ class KafkaForwarder:
     def _next_batch(self, committed: int) -> list[int]:
         batch: list[int] = []
         taken = 0
-        for seq in self.spool.segments():
+        for seq, entry in self.spool.entries().items():  # one listing (one LIST on S3)
             if seq <= committed:
                 continue
-            taken += self.spool.size(seq)
+            taken += entry.size
             if batch and taken > MAX_TRANSACTION_BYTES:
                 break
             batch.append(seq)

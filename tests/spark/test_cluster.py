@@ -9,24 +9,19 @@ tests check what it found, and read the table back with another engine (``deltal
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import pytest
-from services import SERVICES_SH
+from services import cluster_missing, ensure_cluster, s3_storage_options
 
 pytestmark = pytest.mark.integration
 
-NEEDED = ("DBLOG_SPARK_MASTER", "DBLOG_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-MISSING = [name for name in NEEDED if not os.environ.get(name)]
-if MISSING:
+if MISSING := cluster_missing():
     pytest.skip(
         f"{', '.join(MISSING)} not set: run scripts/services.sh up spark object-store and"
         ' eval "$(scripts/services.sh env)" (scripts/test.sh does both)',
@@ -36,36 +31,12 @@ if MISSING:
 ROWS = 500
 
 
-def _listening(url: str) -> bool:
-    parts = urlparse(url)
-    try:
-        socket.create_connection((parts.hostname, parts.port), timeout=2).close()
-    except OSError:
-        return False
-    return True
-
-
-def _ensure_cluster() -> None:
-    """Like the other local services: started on first use when they are down."""
-    if _listening(os.environ["DBLOG_SPARK_MASTER"]) and _listening(os.environ["DBLOG_S3_ENDPOINT"]):
-        return
-    done = subprocess.run(
-        ["bash", str(SERVICES_SH), "up", "spark", "object-store"],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, f"services.sh up spark object-store failed: {done.stderr[-3000:]}"
-
-
 @pytest.fixture(scope="module")
 def cluster_run(
     mysql_server: Any, postgres_server: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
     """Runs the cluster application once; its JSON findings plus what the tests need."""
-    _ensure_cluster()
+    ensure_cluster()
     driver_file = tmp_path_factory.mktemp("driver") / "checkpoint" / "probe.txt"
     path = f"s3a://dblog/tests/{uuid.uuid4().hex}/delta"
     payload = {
@@ -123,13 +94,7 @@ def test_delta_table_on_the_object_store_reads_back_in_another_engine(
 
     table = DeltaTable(
         cluster_run["path"].replace("s3a://", "s3://", 1),
-        storage_options={
-            "AWS_ENDPOINT_URL": os.environ["DBLOG_S3_ENDPOINT"],
-            "AWS_ACCESS_KEY_ID": os.environ["AWS_ACCESS_KEY_ID"],
-            "AWS_SECRET_ACCESS_KEY": os.environ["AWS_SECRET_ACCESS_KEY"],
-            "AWS_REGION": os.environ.get("AWS_REGION", "us-east-1"),
-            "AWS_ALLOW_HTTP": "true",
-        },
+        storage_options=s3_storage_options(),
     )
     rows = sorted((r["id"], r["v"], r["flag"]) for r in table.to_pyarrow_table().to_pylist())
     assert rows == [tuple(r) for r in cluster_run["delta"]["written"]]

@@ -1,0 +1,185 @@
+"""`dblog stream` on the standalone cluster; checkpoint (with the spool) and Delta on S3.
+
+The user's whole configuration for the cluster is ``spark.master``, an ``s3a://`` checkpoint and an
+``s3a://`` Delta path; the endpoint and credentials come from ``scripts/services.sh env``. The
+executors run in mount namespaces that hide the driver's disk (tests/spark/test_cluster.py proves
+it), so a batch that reached Delta was read from the object store. Writers change the table while
+a dump runs, straight and with a kill -9 mid-dump; afterwards the Delta table, read back by
+another engine (``deltalake``) from the object store, equals the source, its change feed never
+takes a key back, and Kafka's read_committed topic rebuilds it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from oracle import (
+    KEY,
+    SENTINEL,
+    Rows,
+    Step,
+    assert_equal,
+    check_history,
+    kafka_histories,
+)
+from services import cluster_missing, ensure_cluster, read_committed, s3_storage_options
+from stream_process import Stream, until, write_config
+from workload import Db, db_for, insert_rows, key_of, load, source_rows, writers
+
+from airflow_dblog.cli import main as dblog
+from airflow_dblog.config import Config, load_config
+from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.spool_store import open_store
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+if MISSING := cluster_missing():
+    pytest.skip(
+        f"{', '.join(MISSING)} not set: run scripts/services.sh up spark object-store and"
+        ' eval "$(scripts/services.sh env)" (scripts/test.sh does both)',
+        allow_module_level=True,
+    )
+
+COLUMNS = ("a", "b", "v", "note")
+WRITER_PAUSE_S = 0.1  # ~30 transactions/s: two one-core executors and the driver share 2 cores
+ROWS = 3000  # the seed rows the dump reads
+
+
+def _table(config: Config, db: Db) -> Any:
+    """The Delta table in the object store, through ``deltalake``; None before its first commit."""
+    from deltalake import DeltaTable
+
+    assert config.delta is not None
+    table = db.table()
+    uri = f"{config.delta.path}/{table.db}/{table.table}".replace("s3a://", "s3://", 1)
+    if not DeltaTable.is_deltatable(uri, storage_options=s3_storage_options()):
+        return None
+    return DeltaTable(uri, storage_options=s3_storage_options())
+
+
+def _rows(table: Any) -> Rows:
+    if table is None:
+        return {}
+    live = [r for r in table.to_pyarrow_table().to_pylist() if not r["_dblog_deleted"]]
+    return {tuple(r[c] for c in KEY): {c: r[c] for c in COLUMNS} for r in live}
+
+
+def _histories(table: Any) -> dict[Any, list[Step]]:
+    """Per key, the change data feed's new images in commit order."""
+    feed = table.load_cdf(starting_version=0).read_all().to_pylist()
+    feed = [r for r in feed if r["_change_type"] in ("insert", "update_postimage")]
+    histories: dict[Any, list[Step]] = {}
+    for r in sorted(feed, key=lambda r: (r["_commit_version"], r["_dblog_position"])):
+        histories.setdefault(tuple(r[c] for c in KEY), []).append(
+            Step(
+                f"delta v{r['_commit_version']}",
+                r["_dblog_op"],
+                r["_dblog_position"],
+                None,
+                bool(r["_dblog_deleted"]),
+            )
+        )
+    return histories
+
+
+def _settle(config: Config, db: Db, stream: Stream, timeout_s: float = 300) -> Rows:
+    """Delta's rows once a sentinel row inserted now has arrived (so every earlier change)."""
+    insert_rows(db, [SENTINEL], 0, "sentinel")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = _rows(_table(config, db))
+        if key_of(SENTINEL) in rows:
+            return rows
+        stream.check_alive()
+        assert time.monotonic() < deadline, "the stream did not catch up with the log"
+        time.sleep(2)
+
+
+def _check_outputs(config: Config, db: Db, stream: Stream) -> None:
+    actual = _settle(config, db, stream)
+    expected = source_rows(db, COLUMNS)
+    assert_equal([(f"Delta {db.table()} (deltalake, s3)", expected, actual)])
+    for key, steps in _histories(_table(config, db)).items():
+        check_history(key, steps, ranked=False)
+    assert config.kafka is not None
+    topic = f"{config.kafka.topic_prefix}.{db.table().db}.{db.table().table}"
+    for _ in range(3):  # the batch's Kafka transaction may commit just after Delta's
+        messages = read_committed(config.kafka.bootstrap_servers, topic, quiet_s=5)
+        histories, replayed = kafka_histories(messages, COLUMNS, None)
+        if key_of(SENTINEL) in replayed:
+            break
+    for key, steps in histories.items():
+        check_history(key, steps, ranked=False)
+    assert_equal([(f"Kafka {topic} replayed", expected, replayed)])
+
+
+def _on_the_object_store(config: Config) -> Sequence[str]:
+    """What the stream keeps under its s3a:// checkpoint (the spool, Spark's checkpoint)."""
+    from pyarrow import fs
+
+    store = open_store(config.checkpoint, config.spark.conf)
+    selector = fs.FileSelector(store.root, recursive=True, allow_not_found=True)  # type: ignore[attr-defined]
+    infos = store.fs.get_file_info(selector)  # type: ignore[attr-defined]
+    return [i.path[len(store.root) + 1 :] for i in infos if i.type == fs.FileType.File]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["straight", "kill-9"])
+@pytest.mark.parametrize("kind", ["mysql", "postgres"])
+def test_the_stream_on_the_cluster_with_an_object_store_checkpoint_converges(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    kafka_server: Any,
+    stream_factory: Callable[[Path], Stream],
+    kind: str,
+    kill: bool,
+) -> None:
+    ensure_cluster()
+    db = db_for(request, kind)
+    load(db, ROWS)
+    prefix = f"s3a://dblog/tests/{uuid.uuid4().hex}"
+    config_path = write_config(
+        db,
+        tmp_path,
+        chunk_size=500,
+        delay_ms=600 if kill else 0,
+        kafka=kafka_server.bootstrap_servers,
+        checkpoint=f"{prefix}/cp",
+        delta=f"{prefix}/delta",
+        master=os.environ["DBLOG_SPARK_MASTER"],
+    )
+    config = load_config(config_path)
+    store = MetadataStore(config.metadata_url)
+    stream = stream_factory(config_path)
+    stream.start()
+    stream.wait_capturing(300)
+    with writers(db, pause_s=WRITER_PAUSE_S) as counts:
+        in_delta = lambda: _table(config, db) is not None  # noqa: E731
+        until("the writers' first changes in Delta", in_delta, 300, stream)
+        assert dblog(["dump", "-c", str(config_path), "--all"]) == 0
+        (dump,) = store.dumps(config.name)
+        if kill:
+            until("a chunk", lambda: store.progress(dump.id).chunks_done >= 1, 300, stream)
+            stream.kill()
+            assert store.progress(dump.id).state == "running"
+            stream.start()
+            assert dblog(["set", "-c", str(config_path), "--delay-ms", "0"]) == 0  # finish fast
+        until("the dump", lambda: store.progress(dump.id).state == "done", 900, stream)
+        time.sleep(2)
+    _check_outputs(config, db, stream)
+    kept = _on_the_object_store(config)
+    assert any(k.startswith("spool/") for k in kept), kept  # the spool is on the object store
+    assert any(k.startswith("spark/delta/") for k in kept), kept
+    assert not (tmp_path / "cp").exists() and not (tmp_path / "checkpoint").exists()
+    spooled = [k for k in kept if k.startswith("spool/")]
+    print(f"{len(spooled)} spool segments left; {len(kept)} objects under the checkpoint")
+    assert stream.stop() == 0
+    assert counts["insert"] and counts["update"] and counts["delete"]
+    assert store.progress(dump.id).rows_emitted > 0
+    attempts = [c.attempts for c in store.chunks(dump.id)]
+    assert max(attempts) <= (2 if kill else 1)
