@@ -35,10 +35,12 @@ def write_config(
     checkpoint: str | None = None,
     delta: str | None = None,
     master: str = "local[2]",
+    deletion_vectors: bool = True,
 ) -> Path:
     """A fresh stream (new name, metadata, checkpoint) of ``tables`` (default: ``db``'s table);
     ``checkpoint`` and ``delta`` default to folders of ``tmp_path``."""
     path = tmp_path / "stream.yaml"
+    dv = "" if deletion_vectors else ", deletion_vectors: false"
     name = f"st-{uuid.uuid4().hex[:8]}"
     signals = f", signal_topic: {signal_topic}" if signal_topic else ""
     kafka_sink = (
@@ -54,7 +56,7 @@ source:
   watermark: {watermark}
 metadata: {{url: "{metadata_url or f"sqlite:///{tmp_path}/meta.db"}"}}
 dump: {{chunk_size: {chunk_size}, parallelism: 2, delay_ms: {delay_ms}}}
-sinks: {{delta: {{path: "{delta or f"{tmp_path}/delta"}"}}{kafka_sink}}}
+sinks: {{delta: {{path: "{delta or f"{tmp_path}/delta"}"{dv}}}{kafka_sink}}}
 checkpoint: "{checkpoint or f"{tmp_path}/checkpoint"}"
 spark:
   master: "{master}"
