@@ -19,8 +19,8 @@
 # the installed PySpark's own jars and launcher classes. Each worker runs in its own mount
 # namespace (so do the executors it starts) in which the driver's disk is hidden behind empty
 # tmpfs mounts: the checkout ($REPO_ROOT: the default state dir, config-relative checkpoints and
-# sinks), the checkout an editable install of airflow_dblog points to if it is another one, /tmp
-# (pytest's tmp_path, tempfile, the driver's Spark local dirs) and every directory in
+# sinks), the checkout an editable install of airflow_dblog points to if it is another one, every
+# git worktree of the checkout (tests run from one), /tmp (pytest's tmp_path, tempfile, the driver's Spark local dirs) and every directory in
 # DBLOG_SPARK_HIDE. Visible again through bind mounts: the Python environment (PySpark, the
 # executors' interpreter), the connector jar cache and the worker's own directory. Anything a
 # task reads from the driver's disk fails there, as on a real cluster; the databases, Kafka and
@@ -877,6 +877,8 @@ start_spark-master() {
 spark_hidden_dirs() {
     echo "$REPO_ROOT"
     echo /tmp
+    # every git worktree of the checkout: a test run from another one is the driver too
+    git -C "$REPO_ROOT" worktree list --porcelain 2>/dev/null | sed -n 's/^worktree //p' || true
     # the checkout an editable install of airflow_dblog points to, when it is another one
     "$PYTHON_BIN" -I - <<'PY' 2>/dev/null || true
 import os, sys
