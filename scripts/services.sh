@@ -20,12 +20,13 @@
 # namespace (so do the executors it starts) in which the driver's disk is hidden behind empty
 # tmpfs mounts: the checkout ($REPO_ROOT: the default state dir, config-relative checkpoints and
 # sinks), the checkout an editable install of airflow_dblog points to if it is another one, every
-# git worktree of the checkout (tests run from one), /tmp (pytest's tmp_path, tempfile, the driver's Spark local dirs) and every directory in
-# DBLOG_SPARK_HIDE. Visible again through bind mounts: the Python environment (PySpark, the
-# executors' interpreter), the connector jar cache and the worker's own directory. Anything a
-# task reads from the driver's disk fails there, as on a real cluster; the databases, Kafka and
-# the object store are reached over loopback TCP as usual. The workers' environment has no AWS_*
-# variables: executors use the object-store settings and credentials the driver's session sends.
+# git worktree of the checkout (tests run from one), /tmp (pytest's tmp_path, tempfile, the
+# driver's Spark local dirs) and every directory in DBLOG_SPARK_HIDE. Visible again through bind
+# mounts: the Python environment (PySpark, the executors' interpreter), the connector jar cache
+# and the worker's own directory. Anything a task reads from the driver's disk fails there, as
+# on a real cluster; the databases, Kafka and the object store are reached over loopback TCP as
+# usual. The workers' environment has no AWS_* variables: executors use the object-store
+# settings and credentials the driver's session sends.
 # Needs root (or unprivileged user namespaces) for unshare(1).
 #
 # object-store: moto's S3 server (the `moto[server]` package in the Python environment, kept in
