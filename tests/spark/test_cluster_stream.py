@@ -123,9 +123,9 @@ def _check_outputs(config: Config, db: Db, stream: Stream) -> None:
 
 def _log(stream: Stream) -> str:
     """This run's output of the stream."""
-    with open(stream.log, encoding="utf-8", errors="replace") as out:
-        out.seek(stream.run_starts_at)
-        return out.read()
+    with open(stream.log, "rb") as out:
+        out.seek(stream.run_starts_at)  # a byte offset
+        return out.read().decode("utf-8", "replace")
 
 
 def _on_the_object_store(config: Config) -> Sequence[str]:
