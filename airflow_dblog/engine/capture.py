@@ -215,7 +215,7 @@ class SpooledCapture(Capture):
         if not seqs and "segment" in saved:
             # sinks key batches by segment number: numbering again from 0 would skip batches
             raise DblogError(
-                f"{spool.dir} holds no segment but stream {config.name} committed segment"
+                f"{spool.location} holds no segment but stream {config.name} committed segment"
                 f" {saved['segment']}: the checkpoint was deleted, and the sinks may hold"
                 " segments numbered after it",
                 "restore the checkpoint directory (deleting only <checkpoint>/spark is safe),"
