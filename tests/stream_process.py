@@ -92,11 +92,12 @@ def _cpu_s(processes: Sequence[Any]) -> float:
 
 
 def _stopped(process: Any) -> bool:
-    """Whether a ``psutil.Process`` is stopped by a signal (or gone)."""
+    """Whether a ``psutil.Process`` is stopped by a signal, or gone: a child that exited just
+    as its parent stopped stays a zombie (nobody reaps it), which never becomes "stopped"."""
     import psutil
 
     try:
-        return bool(process.status() == psutil.STATUS_STOPPED)
+        return process.status() in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
     except psutil.NoSuchProcess:
         return True
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import fake_stream
 import pytest
+from trigger_loop import collect
 
 from airflow_dblog.config import load_config
 from airflow_dblog.engine.launcher import Launch, alive, pid_path, read_record
@@ -65,31 +66,13 @@ def _write_rows(mysql_db: Any, n: int) -> None:
     conn.close()
 
 
-async def _collect(trigger: DblogStreamTrigger) -> tuple[list[dict[str, Any]], float]:
-    """The trigger's events, and the longest the event loop was kept from a 10 ms ticker."""
-    gaps: list[float] = []
-
-    async def ticker() -> None:
-        last = time.monotonic()
-        while True:
-            await asyncio.sleep(0.01)
-            now = time.monotonic()
-            gaps.append(now - last)
-            last = now
-
-    tick = asyncio.create_task(ticker())
-    events = [event.payload async for event in trigger.run()]
-    tick.cancel()
-    return events, max(gaps, default=0.0)
-
-
 @pytest.mark.integration
 def test_trigger_fires_ok_lagging_and_down_from_the_real_binlog(
     config_path: str, mysql_db: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _commit_at_head(config_path, mysql_db)
     trigger = DblogStreamTrigger(config_path=config_path, poll_interval_s=0.05)
-    events, max_gap = asyncio.run(_collect(trigger))
+    events, max_gap = asyncio.run(collect(trigger))
     assert [(e["status"], e["stream"]["lag_bytes"], e["stream"]["lag_s"]) for e in events] == [
         ("ok", 0, 0.0)
     ]
@@ -100,7 +83,7 @@ def test_trigger_fires_ok_lagging_and_down_from_the_real_binlog(
     lagging = DblogStreamTrigger(
         config_path=config_path, max_lag_s=60, grace_s=0.3, poll_interval_s=0.05
     )
-    events, _ = asyncio.run(_collect(lagging))
+    events, _ = asyncio.run(collect(lagging))
     assert [e["status"] for e in events] == ["lagging"]
     assert events[0]["stream"]["lag_bytes"] > 20 * 100
     assert re.match(r"stream kept is 60[0-9]s and \d+ bytes behind", events[0]["reason"])
@@ -114,7 +97,7 @@ def test_trigger_fires_ok_lagging_and_down_from_the_real_binlog(
     MetadataStore(config.metadata_url).save_stream_state(
         config.name, heartbeat_at=utcnow().replace(year=2020)
     )
-    events, _ = asyncio.run(_collect(DblogStreamTrigger(config_path=config_path, grace_s=60)))
+    events, _ = asyncio.run(collect(DblogStreamTrigger(config_path=config_path, grace_s=60)))
     assert [e["status"] for e in events] == ["down"]  # at once, whatever the grace
     assert events[0]["reason"] == "stream kept is stopped"
 
@@ -128,7 +111,7 @@ def test_trigger_serialize_round_trip() -> None:
 
 
 def test_trigger_reports_an_unreadable_config(tmp_path: Path) -> None:
-    events, _ = asyncio.run(_collect(DblogStreamTrigger(config_path=str(tmp_path / "no.yaml"))))
+    events, _ = asyncio.run(collect(DblogStreamTrigger(config_path=str(tmp_path / "no.yaml"))))
     assert events[0]["status"] == "error" and "cannot read config file" in events[0]["reason"]
 
 

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from trigger_loop import collect
 
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.metadata.store import TablePlan
@@ -18,24 +19,6 @@ def _store(tmp_path: Path) -> tuple[str, MetadataStore, int]:
     store = MetadataStore(url)
     plan = TablePlan("app.t", ["id"], 3, key_chunks=[[[1]], [[2]], [[3]]])
     return url, store, store.create_dump("s", "keys", [plan])
-
-
-async def _collect(trigger: DblogDumpTrigger, during: object = None) -> tuple[list, float]:
-    """Run the trigger to its first event while a ticker measures the loop's responsiveness."""
-    gaps: list[float] = []
-
-    async def ticker() -> None:
-        last = time.monotonic()
-        while True:
-            await asyncio.sleep(0.01)
-            now = time.monotonic()
-            gaps.append(now - last)
-            last = now
-
-    tick = asyncio.create_task(ticker())
-    events = [event async for event in trigger.run()]
-    tick.cancel()
-    return [e.payload for e in events], max(gaps, default=0.0)
 
 
 def _complete_chunks(store: MetadataStore, dump_id: int) -> None:
@@ -52,7 +35,7 @@ def test_fires_done_with_counts_and_logs_progress(
 
     async def scenario() -> tuple[list, float]:
         worker = asyncio.create_task(asyncio.to_thread(_complete_chunks, store, dump_id))
-        result = await _collect(trigger)
+        result = await collect(trigger)
         await worker
         return result
 
@@ -78,14 +61,14 @@ def test_fires_done_with_counts_and_logs_progress(
 def test_fires_cancelled_with_reason(tmp_path: Path) -> None:
     url, store, dump_id = _store(tmp_path)
     store.apply(dump_id, "cancel", reason="operator said so")
-    events, _ = asyncio.run(_collect(DblogDumpTrigger(url, dump_id, poll_interval_s=0.02)))
+    events, _ = asyncio.run(collect(DblogDumpTrigger(url, dump_id, poll_interval_s=0.02)))
     assert events[0]["status"] == "cancelled" and events[0]["reason"] == "operator said so"
 
 
 def test_fires_stalled_when_nothing_moves(tmp_path: Path) -> None:
     url, _, dump_id = _store(tmp_path)
     trigger = DblogDumpTrigger(url, dump_id, poll_interval_s=0.02, stall_timeout_s=0.3)
-    events, _ = asyncio.run(_collect(trigger))
+    events, _ = asyncio.run(collect(trigger))
     assert events[0]["status"] == "stalled"
     assert "is the dblog stream running?" in events[0]["reason"]
 

@@ -80,9 +80,9 @@ def _write(
     sink.write(batch_id, FrameBatch(frame, tables, dump_bounds or {}, logged or ()))
 
 
-def _feed(sink: DeltaSink) -> list[tuple[int, str]]:
-    """(key, position) of every insert and update post-image, in commit order."""
-    feed = (
+def _feed(sink: DeltaSink) -> list[Any]:
+    """Every insert and update post-image of the change data feed, in commit order."""
+    return (
         sink.spark.read.format("delta")
         .option("readChangeFeed", "true")
         .option("startingVersion", 0)
@@ -91,7 +91,6 @@ def _feed(sink: DeltaSink) -> list[tuple[int, str]]:
         .orderBy("_commit_version")
         .collect()
     )
-    return [(r["a"], r["_dblog_position"]) for r in feed]
 
 
 def _state(sink: DeltaSink) -> dict[int, dict[str, Any]]:
@@ -223,16 +222,7 @@ def test_tombstones_past_their_retention_are_purged(spark: Any, tmp_path: Path) 
 def test_change_data_feed_and_deletion_vectors_are_on(sink: DeltaSink) -> None:
     _write(sink, 1, [_event("c", 1, 5, 10)])
     _write(sink, 2, [_event("u", 1, 6, 11)])
-    feed = (
-        sink.spark.read.format("delta")
-        .option("readChangeFeed", "true")
-        .option("startingVersion", 0)
-        .load(sink.table_path(TABLE))
-        .where("_change_type IN ('insert', 'update_postimage')")
-        .orderBy("_commit_version")
-        .collect()
-    )
-    assert [r["qty"] for r in feed] == [5, 6]
+    assert [r["qty"] for r in _feed(sink)] == [5, 6]
     detail = sink.spark.sql(f"DESCRIBE DETAIL delta.`{sink.table_path(TABLE)}`").first()
     assert detail["properties"]["delta.enableDeletionVectors"] == "true"
 
@@ -349,7 +339,7 @@ def test_a_batch_of_dumped_rows_and_log_rows_commits_them_apart(sink: DeltaSink)
     ]
     assert operations[:2] == ["MERGE", "WRITE"]  # newest first: the log MERGE, the append
     assert len(operations) == 4  # the table's creation, batch 1, then batch 2's two parts
-    feed = _feed(sink)
+    feed = [(r["a"], r["_dblog_position"]) for r in _feed(sink)]
     for key in {a for a, _ in feed}:
         positions = [p for a, p in feed if a == key]
         assert positions == sorted(positions), (key, positions)

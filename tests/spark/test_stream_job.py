@@ -402,7 +402,10 @@ def _freeze_during_merge(leader: Stream, table: Path, app_id: str, token: int) -
         assert time.monotonic() < deadline, f"delta batch {batch} wrote no files"
         time.sleep(0.01)
     leader.freeze(True, tree=True)
-    return batch, -1 if landed() else version
+    # in flight: files no commit holds (the batch's dumped rows and its log rows are two
+    # commits, so the one frozen may be either) and the batch's last commit not yet made
+    in_flight = bool(_data_files(table) - _committed_files(table)) and not landed()
+    return batch, version if in_flight else -1
 
 
 def test_a_leader_frozen_during_its_delta_commit_is_fenced_and_commits_nothing(
@@ -486,7 +489,7 @@ def test_a_leader_frozen_during_its_delta_commit_is_fenced_and_commits_nothing(
             (fenced_at,) = [t for t, v in txns if v == (b_token << SEGMENT_BITS) - 1]
             late = [
                 (t, v)
-                for t, v in txns
+                for t, v in txns + _txns(table / "_delta_log", f"{app_id}/dump")
                 if t > fenced_at
                 and v >> SEGMENT_BITS == a_token
                 and v & _FENCE_LOW_BITS != _FENCE_LOW_BITS

@@ -224,9 +224,8 @@ class DblogStreamSensor(BaseSensorOperator):
             return True
         now = time.monotonic()
         self._lagging_since = self._lagging_since or now
-        if status.state != "running" or status.lag_s is None:
-            raise StreamUnhealthy(problem, "check the dblog stream job: dblog status -c FILE")
-        if now - self._lagging_since >= float(self.grace_s):
+        down = status.state != "running" or status.lag_s is None
+        if down or now - self._lagging_since >= float(self.grace_s):
             raise StreamUnhealthy(problem, "check the dblog stream job: dblog status -c FILE")
         return False
 
