@@ -221,3 +221,13 @@ def test_malformed_config_gives_one_line_error(case: str, text: str, message: st
 def test_unreadable_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("name", ["dblog.yaml", "dblog-cluster.yaml"])
+def test_the_docker_configs_load(name: str) -> None:
+    """docker/ cannot run here; its configs at least parse as they ship."""
+    config = load_config(Path(__file__).parents[1] / "docker" / name, env={})
+    assert config.name == "inventory"
+    if name == "dblog-cluster.yaml":
+        assert config.checkpoint == "s3a://dblog/inventory/checkpoint"
+        assert config.delta is not None and config.delta.path == "s3a://dblog/inventory/delta"
