@@ -138,7 +138,17 @@ def _on_the_object_store(config: Config) -> Sequence[str]:
     return [i.path[len(store.root) + 1 :] for i in infos if i.type == fs.FileType.File]  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("kill", [False, True], ids=["straight", "kill-9"])
+# Each case takes 2.5-5 min on this 2-core machine (a Delta commit on moto's S3 takes about a
+# minute); CI runs the kill -9 cases, which also converge with writers running.
+ALL_CASES = os.environ.get("DBLOG_CLUSTER_E2E", "").strip().lower() == "all"
+STRAIGHT = pytest.param(
+    False,
+    id="straight",
+    marks=pytest.mark.skipif(not ALL_CASES, reason="DBLOG_CLUSTER_E2E=all runs it (~3 min)"),
+)
+
+
+@pytest.mark.parametrize("kill", [STRAIGHT, pytest.param(True, id="kill-9")])
 @pytest.mark.parametrize("kind", ["mysql", "postgres"])
 def test_the_stream_on_the_cluster_with_an_object_store_checkpoint_converges(
     request: pytest.FixtureRequest,
