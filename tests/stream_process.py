@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,9 +37,11 @@ def write_config(
     delta: str | None = None,
     master: str = "local[2]",
     deletion_vectors: bool = True,
+    spark_conf: Mapping[str, str] | None = None,
 ) -> Path:
     """A fresh stream (new name, metadata, checkpoint) of ``tables`` (default: ``db``'s table);
-    ``checkpoint`` and ``delta`` default to folders of ``tmp_path``."""
+    ``checkpoint`` and ``delta`` default to folders of ``tmp_path``; ``spark_conf`` adds to the
+    session's settings."""
     path = tmp_path / "stream.yaml"
     dv = "" if deletion_vectors else ", deletion_vectors: false"
     name = f"st-{uuid.uuid4().hex[:8]}"
@@ -46,6 +49,7 @@ def write_config(
     kafka_sink = (
         f", kafka: {{bootstrap_servers: '{kafka}', topic_prefix: {name}{signals}}}" if kafka else ""
     )
+    conf = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", **(spark_conf or {})}
     path.write_text(
         f"""
 name: {name}
@@ -60,7 +64,7 @@ sinks: {{delta: {{path: "{delta or f"{tmp_path}/delta"}"{dv}}}{kafka_sink}}}
 checkpoint: "{checkpoint or f"{tmp_path}/checkpoint"}"
 spark:
   master: "{master}"
-  conf: {{spark.ui.enabled: false, spark.sql.shuffle.partitions: 2}}
+  conf: {json.dumps(conf)}
 """
         + (
             f"ha: {{zookeeper: '{zookeeper}', session_timeout_s: {HA_SESSION_S}}}\n"
