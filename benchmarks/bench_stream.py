@@ -11,12 +11,13 @@ One run, one JSON object, every figure next to a baseline measured in the same r
 - commit-to-sink latency p50/p99 (a probe row's commit to its read_committed Kafka message,
   which the job commits after Delta), with no dump running and during a dump;
 - peak RSS of the job (Python driver + JVM) while dumping a table of ROWS and of 2 x ROWS rows;
+- the cores the job, MariaDB, the writers and the whole machine used in each phase;
 - a dump of the ROWS table again while ``--load-writers`` update its random rows at
   ``--load-rate`` writes/s in all: whether it finishes, its rows/s, the writes the server took,
   and the probe's latency meanwhile (the stream's lag).
 
     python benchmarks/bench_stream.py [--rows 1000000] [--updates 100000] [--chunk-size 10000]
-                                      [--sinks both|delta|kafka]
+                                      [--sinks both|delta|kafka] [--only-load]
 
 Needs the local services (scripts/services.sh up). Leaves nothing behind but its JSON.
 """
@@ -87,17 +88,77 @@ def signal_tree(pid: int, sig: int) -> None:
             continue
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes have used so far."""
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores spent not idle (nor waiting on I/O) since boot."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def pids_named(name: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/comm") as f:
+                    if f.read().strip() == name:
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
 class Sampler(threading.Thread):
-    """Peak RSS of the job per phase, sampled every 0.25 s."""
+    """Peak RSS of the job per phase, sampled every 0.25 s, and the cores each party used:
+    the job (driver, JVM, Python workers), MariaDB, this process (the writers and the probe)
+    and the whole machine -- on 2 cores, what the job got is what the others left."""
 
     def __init__(self, pid: int) -> None:
         super().__init__(daemon=True)
         self.pid, self.phase, self.peaks, self.stop = pid, "start", {}, threading.Event()
+        self.cpu: dict[str, dict[str, float]] = {}
+        self.mariadb = pids_named("mariadbd")
+
+    def _usage(self) -> dict[str, float]:
+        return {
+            "job": cpu_seconds(process_tree(self.pid)),
+            "mariadb": cpu_seconds(self.mariadb),
+            "writers_and_probe": cpu_seconds([os.getpid()]),
+            "machine": machine_busy_seconds(),
+            "wall": time.monotonic(),
+        }
 
     def run(self) -> None:
+        last = self._usage()
         while not self.stop.wait(0.25):
             rss = rss_of_tree(self.pid)
             self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), rss)
+            now = self._usage()
+            spent = self.cpu.setdefault(self.phase, dict.fromkeys(now, 0.0))
+            for k, v in now.items():
+                spent[k] += max(0.0, v - last[k])  # a process that exited is not negative
+            last = now
+
+    def cores(self) -> dict[str, dict[str, float]]:
+        """Cores used per phase by each party (CPU seconds / wall seconds)."""
+        return {
+            phase: {k: round(v / spent["wall"], 2) for k, v in spent.items() if k != "wall"}
+            for phase, spent in self.cpu.items()
+            if spent["wall"] > 0
+        }
 
 
 class LatencyProbe(threading.Thread):
@@ -221,6 +282,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default="both",
         help="the job's sinks (latency needs Kafka: it is not measured with delta alone)",
     )
+    parser.add_argument(
+        "--only-load",
+        action="store_true",
+        help="only the first dump and the dump under load (an A/B of the sinks in ~9 min)",
+    )
     args = parser.parse_args(argv)
     url = f"mysql://dblog:dblog@127.0.0.1:{PORT}"
     db = f"bench_{uuid.uuid4().hex[:8]}"
@@ -299,26 +365,30 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
                 assert proc.poll() is None, f"the stream exited; see {work / 'stream.log'}"
                 time.sleep(0.2)
 
-        # live: the job reads while MariaDB executes the updates (they share the 2 cores)
-        probe.phase = sampler.phase = "changes"
-        file, pos = source.master_status()
-        started = time.perf_counter()
-        until_committed(update_all())
-        job_eps = args.updates / (time.perf_counter() - started)
-        raw_eps = args.updates / bench_raw(url, db, file, pos, args.updates, UpdateRowsEvent)
-        # catch-up: the job is stopped while the updates run, then reads the finished binlog
-        # like the raw reader does
-        probe.phase, sampler.phase = "paused", "catch_up"
-        signal_tree(proc.pid, signal.SIGSTOP)
-        try:
-            target = update_all()
-        finally:
-            signal_tree(proc.pid, signal.SIGCONT)
-        started = time.perf_counter()
-        until_committed(target)
-        catch_up_eps = args.updates / (time.perf_counter() - started)
+        if not args.only_load:
+            # live: the job reads while MariaDB executes the updates (they share the 2 cores)
+            probe.phase = sampler.phase = "changes"
+            file, pos = source.master_status()
+            started = time.perf_counter()
+            until_committed(update_all())
+            job_eps = args.updates / (time.perf_counter() - started)
+            raw_eps = args.updates / bench_raw(url, db, file, pos, args.updates, UpdateRowsEvent)
+            # catch-up: the job is stopped while the updates run, then reads the finished binlog
+            # like the raw reader does
+            probe.phase, sampler.phase = "paused", "catch_up"
+            signal_tree(proc.pid, signal.SIGSTOP)
+            try:
+                target = update_all()
+            finally:
+                signal_tree(proc.pid, signal.SIGCONT)
+            started = time.perf_counter()
+            until_committed(target)
+            catch_up_eps = args.updates / (time.perf_counter() - started)
 
-        for table, phase in (("bench", "dump"), ("big", "dump_2x")):
+        # the table is dumped once before the load (so the load's dump is a re-dump, as in
+        # production); the 2x table shows whether memory grows with the table
+        dumps = (("bench", "dump"),) if args.only_load else (("bench", "dump"), ("big", "dump_2x"))
+        for table, phase in dumps:
             probe.phase = sampler.phase = phase
             started = time.perf_counter()
             assert dblog(["dump", "-c", str(config_path), "--table", f"{db}.{table}"]) == 0
@@ -363,19 +433,21 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
         probe.stop.set()
         if probe.is_alive():
             probe.join(10)
-        result.update(
-            {
-                "plain_select_rows_per_s": round(select_rps),
-                "dump_vs_select_ratio": round(result["dump_rows_per_s"] / select_rps, 3),
-                "job_change_events_per_s": round(job_eps),
-                "raw_reader_events_per_s": round(raw_eps),
-                "job_vs_raw_reader_ratio": round(job_eps / raw_eps, 3),
-                "job_catch_up_events_per_s": round(catch_up_eps),
-                "job_catch_up_vs_raw_reader_ratio": round(catch_up_eps / raw_eps, 3),
-                "latency": probe.summary() if args.sinks != "delta" else None,
-                "peak_rss_mb": {k: round(v / 2**20) for k, v in sampler.peaks.items()},
-            }
-        )
+        result["plain_select_rows_per_s"] = round(select_rps)
+        result["dump_vs_select_ratio"] = round(result["dump_rows_per_s"] / select_rps, 3)
+        if not args.only_load:
+            result.update(
+                {
+                    "job_change_events_per_s": round(job_eps),
+                    "raw_reader_events_per_s": round(raw_eps),
+                    "job_vs_raw_reader_ratio": round(job_eps / raw_eps, 3),
+                    "job_catch_up_events_per_s": round(catch_up_eps),
+                    "job_catch_up_vs_raw_reader_ratio": round(catch_up_eps / raw_eps, 3),
+                }
+            )
+        result["latency"] = probe.summary() if args.sinks != "delta" else None
+        result["peak_rss_mb"] = {k: round(v / 2**20) for k, v in sampler.peaks.items()}
+        result["cores_used"] = sampler.cores()
     finally:
         sampler.stop.set()
         probe.stop.set()
