@@ -199,12 +199,14 @@ class DeltaSink:
         """Apply one batch to every table it touches (the :class:`~airflow_dblog.sinks.base.Sink`
         contract: ``segment`` is the batch's last spool segment).
 
-        A table's dumped rows go in first, bounded by their key range (an append where Delta
-        holds none of it), then its log rows through a MERGE of their own: dumped rows joined
-        against the whole table made every batch under load cost a full MERGE. Each part commits
-        under its own transaction app id, so a crash between the two replays only the second.
-        The order is free: the position guard keeps the newest row of a key either way, and a
-        key's dumped row is always older than its log rows after the window.
+        A table's batch of dumped rows alone is bounded by their key range (an append where
+        Delta holds none of it) and commits under the dump's transaction app id; a batch with
+        log rows of the table is one MERGE of everything under the log's app id. A MERGE of log
+        rows joins against the whole table (their keys are anywhere), so dumped rows ride along
+        for the cost of their inserts, where a MERGE of their own is a second commit (a re-dumped
+        10,000-key range with 5,000 / 52,000 random updates into 200,000 rows, interleaved runs:
+        11.5 / 8.4 s as one MERGE, 19.9 / 11.2 s as two). A replayed batch skips what Delta holds
+        (app id + version); the position guard keeps the newest row of a key either way.
         """
         version = self.txn_version(segment)
         events = batch.events
@@ -213,14 +215,10 @@ class DeltaSink:
             self._follow_schema(table)
             rows = events.where(events["table"] == name)
             bounds = batch.dump_bounds.get(name)
-            if bounds is None:
+            if bounds is None or name in batch.logged:
                 self._merge(self.app_id, version, table, rows)
-            elif name not in batch.logged:
-                self._merge(self._dump_app_id, version, table, rows, bounds)
             else:
-                dumped = rows["chunk_id"].isNotNull()
-                self._merge(self._dump_app_id, version, table, rows.where(dumped), bounds)
-                self._merge(self.app_id, version, table, rows.where(~dumped))
+                self._merge(self._dump_app_id, version, table, rows, bounds)
         for table in self.schemas:
             self._purge_tombstones(table)
 

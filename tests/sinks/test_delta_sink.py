@@ -313,10 +313,11 @@ def test_a_batch_of_dumped_rows_bounded_by_its_key_range_keeps_the_guard(
     assert _version(sink) == version + 1 and len(state) == 6
 
 
-def test_a_batch_of_dumped_rows_and_log_rows_commits_them_apart(sink: DeltaSink) -> None:
-    """Dumped rows go in bounded by their range (an append where Delta holds none of it),
-    then the log rows through their own MERGE; each part is idempotent on its own, so a crash
-    between them replays only the log part, and no key's version goes back in the feed."""
+def test_a_batch_of_dumped_rows_and_log_rows_of_a_table_is_one_merge(sink: DeltaSink) -> None:
+    """The log rows' MERGE joins the whole table anyway, so the dumped rows ride along: one
+    commit, idempotent as a whole. A batch whose dumped part alone was committed (by the
+    release that wrote the parts apart) replays as that one MERGE; the guard keeps its dumped
+    rows from being written twice, and no key's version goes back in the feed."""
     from delta.tables import DeltaTable
 
     _write(sink, 1, [_event("c", 50, 1, 10)])
@@ -327,22 +328,26 @@ def test_a_batch_of_dumped_rows_and_log_rows_commits_them_apart(sink: DeltaSink)
         _event("u", 50, 4, 42),  # a key outside the dumped range
     ]
     name = str(TABLE)
-    # a crash after the dumped part: the batch had committed only that
-    _write(sink, 2, dumped, {name: (1, 3)})
-    _write(sink, 2, dumped + logged, {name: (1, 3)}, {name})  # replayed: the log part only
-    _write(sink, 2, dumped + logged, {name: (1, 3)}, {name})  # and again: nothing
+    _write(sink, 2, dumped + logged, {name: (1, 3)}, {name})
+    _write(sink, 2, dumped + logged, {name: (1, 3)}, {name})  # replayed: nothing
     state = _state(sink)
     assert {a: state[a]["qty"] for a in state} == {1: 2, 2: 3, 3: 2, 50: 4}
-    operations = [
-        r["operation"]
-        for r in DeltaTable.forPath(sink.spark, sink.table_path(TABLE)).history().collect()
-    ]
-    assert operations[:2] == ["MERGE", "WRITE"]  # newest first: the log MERGE, the append
-    assert len(operations) == 4  # the table's creation, batch 1, then batch 2's two parts
+    history = DeltaTable.forPath(sink.spark, sink.table_path(TABLE)).history().collect()
+    operations = [r["operation"] for r in history]  # newest first
+    assert operations[:2] == ["MERGE", "MERGE"] and len(operations) == 3  # creation, 1, 2
+
+    # the older release's crash between its two parts: only the dumped part had committed
+    dumped = [dataclasses.replace(_event("r", a, 5, 50), chunk_id=2, dump_id=2) for a in (7, 8)]
+    logged = [_event("u", 8, 6, 51), _event("u", 50, 6, 52)]
+    _write(sink, 3, dumped, {name: (7, 8)})
+    _write(sink, 3, dumped + logged, {name: (7, 8)}, {name})
+    state = _state(sink)
+    assert {a: state[a]["qty"] for a in (7, 8, 50)} == {7: 5, 8: 6, 50: 6}
     feed = [(r["a"], r["_dblog_position"]) for r in _feed(sink)]
     for key in {a for a, _ in feed}:
         positions = [p for a, p in feed if a == key]
         assert positions == sorted(positions), (key, positions)
+    assert [a for a, _ in feed].count(7) == 1  # inserted once, not written again
 
 
 def test_optimize_compacts_and_keeps_every_row(sink: DeltaSink) -> None:
