@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -151,6 +153,9 @@ class DeltaSink:
         self.describe = describe
         self.lease_token = lease_token  # 0 without ha
         self._purged_at: dict[TableId, float] = {}
+        self._local = threading.local()
+        self._describing = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
 
     def table_path(self, table: TableId) -> str:
         return table_path(self.config, table)
@@ -209,18 +214,54 @@ class DeltaSink:
         (app id + version); the position guard keeps the newest row of a key either way.
         """
         version = self.txn_version(segment)
-        events = batch.events
-        for name in batch.tables:
-            table = TableId.parse(name)
+
+        def write_table(table: TableId) -> None:
+            name = str(table)
             self._follow_schema(table)
-            rows = events.where(events["table"] == name)
+            rows = batch.events.where(batch.events["table"] == name)
             bounds = batch.dump_bounds.get(name)
             if bounds is None or name in batch.logged:
                 self._merge(self.app_id, version, table, rows)
             else:
                 self._merge(self._dump_app_id, version, table, rows, bounds)
-        for table in self.schemas:
-            self._purge_tombstones(table)
+
+        self._each([TableId.parse(name) for name in sorted(batch.tables)], write_table)
+        self._each(list(self.schemas), self._purge_tombstones)
+
+    def _each(self, tables: Sequence[TableId], work: Callable[[TableId], None]) -> None:
+        """Run ``work`` for each table, up to ``parallel_tables`` at once.
+
+        Each MERGE has a second or two of driver-side work (log replay, planning, the commit)
+        that overlaps with another table's tasks: 8 tables of 100 changes each, measured 16.5 s
+        one after another vs 11.6 s four at a time. A table's transaction id is session
+        configuration, so each thread writes through a session of its own (same SparkContext
+        and cache). The first error is raised once all are done; what committed stays
+        committed, as when tables went one by one (a replay skips it).
+        """
+        if len(tables) <= 1 or self.config.parallel_tables == 1:
+            for table in tables:
+                work(table)
+            return
+
+        from pyspark import inheritable_thread_target
+
+        def run(table: TableId) -> None:
+            if getattr(self._local, "spark", None) is None:
+                self._local.spark = self.spark.newSession()
+            work(table)
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.config.parallel_tables, "delta-table")
+        # the batch's job group comes along: stopping the query cancels these MERGEs too
+        futures = [self._pool.submit(inheritable_thread_target(run), table) for table in tables]
+        wait(futures)
+        for future in futures:
+            future.result()
+
+    @property
+    def _spark(self) -> SparkSession:
+        """This thread's session: the sink's own, or a table writer thread's (see ``_each``)."""
+        return getattr(self._local, "spark", None) or self.spark
 
     @property
     def _dump_app_id(self) -> str:
@@ -238,7 +279,8 @@ class DeltaSink:
         schema = self.schemas[table]
         if self.describe is None:
             return
-        current = self.describe(table)
+        with self._describing:  # one source connection, not thread-safe
+            current = self.describe(table)
         if current.key != schema.key:
             raise DblogError(
                 f"the primary key of {table} changed from ({', '.join(schema.key)}) to"
@@ -252,9 +294,9 @@ class DeltaSink:
         from delta.tables import DeltaTable
 
         path = self.table_path(table)
-        if DeltaTable.isDeltaTable(self.spark, path):
+        if DeltaTable.isDeltaTable(self._spark, path):
             ddl = ", ".join(f"{quoted(c.name)} {spark_type(c).simpleString()}" for c in added)
-            self.spark.sql(f"ALTER TABLE delta.{quoted(path)} ADD COLUMNS ({ddl})")
+            self._spark.sql(f"ALTER TABLE delta.{quoted(path)} ADD COLUMNS ({ddl})")
             log.info("%s: source added columns %s; added to Delta", table, [c.name for c in added])
         now = {c.name for c in current.columns}
         kept = [c for c in schema.columns if c.name not in now]
@@ -312,7 +354,7 @@ class DeltaSink:
             .whenMatchedUpdate(condition="s._dblog_position > t._dblog_position", set=update)
             .whenNotMatchedInsert(values=insert)
         )
-        conf = self.spark.conf
+        conf = self._spark.conf
         conf.set(_TXN_APP, app_id)
         conf.set(_TXN_VERSION, str(version))
         from delta.exceptions import ConcurrentTransactionException
@@ -385,8 +427,8 @@ class DeltaSink:
         from pyspark.sql import types as T
 
         path = self.table_path(table)
-        if DeltaTable.isDeltaTable(self.spark, path):
-            return DeltaTable.forPath(self.spark, path)
+        if DeltaTable.isDeltaTable(self._spark, path):
+            return DeltaTable.forPath(self._spark, path)
         schema = self.schemas[table]
         columns = [T.StructField(c.name, spark_type(c), nullable=True) for c in schema.columns] + [
             T.StructField("_dblog_position", T.StringType(), False),
@@ -396,7 +438,7 @@ class DeltaSink:
         ]
         log.info("creating Delta table %s at %s", table, path)
         return (
-            DeltaTable.createIfNotExists(self.spark)
+            DeltaTable.createIfNotExists(self._spark)
             .location(path)
             .addColumns(T.StructType(columns))
             .property("delta.enableChangeDataFeed", "true")
@@ -415,14 +457,15 @@ class DeltaSink:
             return
         self._purged_at[table] = now
         path = self.table_path(table)
-        if not DeltaTable.isDeltaTable(self.spark, path):
+        if not DeltaTable.isDeltaTable(self._spark, path):
             return
         expired = F.col("_dblog_deleted") & (
             F.col("_dblog_ts") < F.current_timestamp() - F.expr(f"INTERVAL {int(hours)} HOURS")
         )
-        delta = DeltaTable.forPath(self.spark, path)
+        delta = DeltaTable.forPath(self._spark, path)
         if delta.toDF().where(expired).limit(1).count():  # no empty DELETE commits
             delta.delete(expired)
 
     def close(self) -> None:
-        pass
+        if self._pool is not None:
+            self._pool.shutdown()

@@ -350,6 +350,54 @@ def test_a_batch_of_dumped_rows_and_log_rows_of_a_table_is_one_merge(sink: Delta
     assert [a for a, _ in feed].count(7) == 1  # inserted once, not written again
 
 
+def test_the_tables_of_a_batch_are_written_at_once_each_under_its_own_transaction_id(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Four tables in one batch go to four threads, each with a session of its own: a dumped-
+    rows-only table commits under the dump's app id while the others commit under the log's,
+    at the same time, and a replay of the batch commits nothing anywhere."""
+    import json
+
+    tables = [TableId("shop", f"t{i}") for i in range(4)]
+    schemas = {t: dataclasses.replace(SCHEMA, table=t) for t in tables}
+    config = DeltaSinkConfig(str(tmp_path / "delta"), parallel_tables=4)
+    sink = DeltaSink(spark, config, schemas, "dblog-test")
+    threads: set[str] = set()
+    merge = sink._merge
+
+    def spy(*args: Any, **kwargs: Any) -> None:
+        threads.add(threading.current_thread().name)
+        merge(*args, **kwargs)
+
+    sink._merge = spy  # type: ignore[method-assign]
+    events = [
+        dataclasses.replace(_event("r" if t == tables[0] else "c", a, i, 10 * i + a), table=t)
+        for i, t in enumerate(tables)
+        for a in (1, 2)
+    ]
+    lines = spark.createDataFrame([(EventText.of(e).line(),) for e in events], "line string")
+    frame = lines.selectExpr(f"from_json(line, '{EVENT_DDL}') AS e").select("e.*")
+    batch = FrameBatch(
+        frame, {str(t) for t in tables}, {str(tables[0]): (1, 2)}, {str(t) for t in tables[1:]}
+    )
+    sink.write(7, batch)
+    sink.write(7, batch)  # replayed
+    sink.close()
+    assert len(threads) > 1 and all(n.startswith("delta-table") for n in threads)
+    for i, table in enumerate(tables):
+        rows = spark.read.format("delta").load(sink.table_path(table)).collect()
+        assert sorted((r["a"], r["qty"]) for r in rows) == [(1, i), (2, i)]
+        log = Path(sink.table_path(table)) / "_delta_log"
+        txns = [
+            json.loads(line)["txn"]
+            for path in sorted(log.glob("*.json"))
+            for line in path.read_text().splitlines()
+            if '"txn"' in line
+        ]
+        app_id = "dblog-test/dump" if i == 0 else "dblog-test"
+        assert [(t["appId"], t["version"]) for t in txns] == [(app_id, 7)], table
+
+
 def test_optimize_compacts_and_keeps_every_row(sink: DeltaSink) -> None:
     for batch in range(1, 5):
         _write(
