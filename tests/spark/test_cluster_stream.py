@@ -111,11 +111,13 @@ def _check_outputs(config: Config, db: Db, stream: Stream) -> None:
         check_history(key, steps, ranked=False)
     assert config.kafka is not None
     topic = f"{config.kafka.topic_prefix}.{db.table().db}.{db.table().table}"
-    for _ in range(3):  # the batch's Kafka transaction may commit just after Delta's
-        messages = read_committed(config.kafka.bootstrap_servers, topic, quiet_s=5)
+    deadline = time.monotonic() + 60  # the Kafka transaction may commit after Delta's
+    while True:
+        messages = read_committed(config.kafka.bootstrap_servers, topic)
         histories, replayed = kafka_histories(messages, COLUMNS, None)
-        if key_of(SENTINEL) in replayed:
+        if key_of(SENTINEL) in replayed or time.monotonic() > deadline:
             break
+        time.sleep(0.5)
     for key, steps in histories.items():
         check_history(key, steps, ranked=False)
     assert_equal([(f"Kafka {topic} replayed", expected, replayed)])
