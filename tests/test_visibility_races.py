@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from private_mariadb import private_mariadb
 from services import MySQLServer, PostgresServer, read_committed
-from stream_process import Stream
+from stream_process import TEST_JVM_OPTIONS, Stream
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import Config, load_config
@@ -211,7 +211,8 @@ sinks:
 checkpoint: {tmp_path}/checkpoint
 spark:
   master: "local[2]"
-  conf: {{spark.ui.enabled: false, spark.sql.shuffle.partitions: 2}}
+  conf: {{spark.ui.enabled: false, spark.sql.shuffle.partitions: 2,
+    spark.driver.extraJavaOptions: "{TEST_JVM_OPTIONS}"}}
 """
     )
     return path
