@@ -91,11 +91,20 @@ def _histories(table: Any) -> dict[Any, list[Step]]:
 
 
 def _settle(config: Config, db: Db, stream: Stream, timeout_s: float = 300) -> Rows:
-    """Delta's rows once a sentinel row inserted now has arrived (so every earlier change)."""
+    """Delta's rows once a sentinel row inserted now has arrived (so every earlier change).
+
+    The table's files are read only when its version moved: each read is many GETs from the
+    object store the stream itself is committing to.
+    """
     insert_rows(db, [SENTINEL], 0, "sentinel")
     deadline = time.monotonic() + timeout_s
+    read: tuple[int, Rows] | None = None
     while True:
-        rows = _rows(_table(config, db))
+        table = _table(config, db)
+        version = -1 if table is None else table.version()
+        if read is None or read[0] != version:
+            read = (version, _rows(table))
+        rows = read[1]
         if key_of(SENTINEL) in rows:
             return rows
         stream.check_alive()
