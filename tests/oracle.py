@@ -226,11 +226,13 @@ def check_outputs(
         return
     for table in expected:
         topic = f"{config.kafka.topic_prefix}.{table.db}.{table.table}"
-        for _ in range(3):  # the batch's Kafka transaction may commit just after Delta's
-            messages = read_committed(config.kafka.bootstrap_servers, topic, quiet_s=5)
+        deadline = time.monotonic() + 60  # the Kafka transaction may commit after Delta's
+        while True:
+            messages = read_committed(config.kafka.bootstrap_servers, topic)
             histories, replayed = kafka_histories(messages, columns, version)
-            if key_of(SENTINEL) in replayed:
+            if key_of(SENTINEL) in replayed or time.monotonic() > deadline:
                 break
+            time.sleep(0.5)
         for key, steps in histories.items():
             check_history(key, steps, ranked=version is not None)
         assert_equal([(f"Kafka {topic} replayed", expected[table], replayed)])

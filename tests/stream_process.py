@@ -20,6 +20,11 @@ if TYPE_CHECKING:
     from workload import Db
 
 HA_SESSION_S = 4
+# The streams' Spark JVMs (driver, executors) compile with C1 only: each lives a minute or two,
+# and on a 2-core machine C2's compiler threads take the CPU its first batches need (measured:
+# a stream's first Delta batch 40 -> 19 s). The code run is the same; only how the JVM
+# compiles it differs. (The tests' own session lives all run long: it keeps C2.)
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
 def write_config(
@@ -49,7 +54,13 @@ def write_config(
     kafka_sink = (
         f", kafka: {{bootstrap_servers: '{kafka}', topic_prefix: {name}{signals}}}" if kafka else ""
     )
-    conf = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2", **(spark_conf or {})}
+    conf = {
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
+        "spark.executor.extraJavaOptions": TEST_JVM_OPTIONS,
+        **(spark_conf or {}),
+    }
     path.write_text(
         f"""
 name: {name}

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from airflow_services import REPO_ROOT, AirflowServices, running_airflow
+from stream_process import TEST_JVM_OPTIONS
 
 from airflow_dblog.config import load_config
 from airflow_dblog.engine.launcher import Launch, alive, pid_path, read_record, stop
@@ -90,7 +91,9 @@ metadata: {{url: "sqlite:///{tmp_path}/meta.db"}}
 dump: {{chunk_size: 40}}
 sinks: {{delta: {{path: {tmp_path}/delta}}}}
 checkpoint: {tmp_path}/cp
-spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
+spark:
+  master: "local[2]"
+  conf: {{spark.ui.enabled: false, spark.driver.extraJavaOptions: "{TEST_JVM_OPTIONS}"}}
 """
     )
     return file

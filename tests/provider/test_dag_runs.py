@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from stream_process import Stream
+from stream_process import TEST_JVM_OPTIONS, Stream
 from workload import Db, restricted_user
 
 from airflow_dblog.config import Config, load_config
@@ -69,7 +69,9 @@ metadata: {{url: "sqlite:///{tmp_path}/meta.db"}}
 dump: {{chunk_size: 40}}
 sinks: {{delta: {{path: {tmp_path}/delta}}}}
 checkpoint: {tmp_path}/cp
-spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
+spark:
+  master: "local[2]"
+  conf: {{spark.ui.enabled: false, spark.driver.extraJavaOptions: "{TEST_JVM_OPTIONS}"}}
 """
         )
         monkeypatch.setenv("DBLOG_CONFIG", str(file))

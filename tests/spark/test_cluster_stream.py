@@ -91,11 +91,20 @@ def _histories(table: Any) -> dict[Any, list[Step]]:
 
 
 def _settle(config: Config, db: Db, stream: Stream, timeout_s: float = 300) -> Rows:
-    """Delta's rows once a sentinel row inserted now has arrived (so every earlier change)."""
+    """Delta's rows once a sentinel row inserted now has arrived (so every earlier change).
+
+    The table's files are read only when its version moved: each read is many GETs from the
+    object store the stream itself is committing to.
+    """
     insert_rows(db, [SENTINEL], 0, "sentinel")
     deadline = time.monotonic() + timeout_s
+    read: tuple[int, Rows] | None = None
     while True:
-        rows = _rows(_table(config, db))
+        table = _table(config, db)
+        version = -1 if table is None else table.version()
+        if read is None or read[0] != version:
+            read = (version, _rows(table))
+        rows = read[1]
         if key_of(SENTINEL) in rows:
             return rows
         stream.check_alive()
@@ -111,11 +120,13 @@ def _check_outputs(config: Config, db: Db, stream: Stream) -> None:
         check_history(key, steps, ranked=False)
     assert config.kafka is not None
     topic = f"{config.kafka.topic_prefix}.{db.table().db}.{db.table().table}"
-    for _ in range(3):  # the batch's Kafka transaction may commit just after Delta's
-        messages = read_committed(config.kafka.bootstrap_servers, topic, quiet_s=5)
+    deadline = time.monotonic() + 60  # the Kafka transaction may commit after Delta's
+    while True:
+        messages = read_committed(config.kafka.bootstrap_servers, topic)
         histories, replayed = kafka_histories(messages, COLUMNS, None)
-        if key_of(SENTINEL) in replayed:
+        if key_of(SENTINEL) in replayed or time.monotonic() > deadline:
             break
+        time.sleep(0.5)
     for key, steps in histories.items():
         check_history(key, steps, ranked=False)
     assert_equal([(f"Kafka {topic} replayed", expected, replayed)])
