@@ -55,8 +55,6 @@ class DeltaSinkConfig:
     tombstone_retention_hours: int = 168
     # new tables only: an update marks the old row instead of rewriting its file
     deletion_vectors: bool = True
-    # tables of one batch written at once (each MERGE has ~1-2 s of fixed cost)
-    parallel_tables: int = 4
 
 
 @dataclass(frozen=True)
@@ -325,7 +323,6 @@ def _sinks(
             path=_resolve_path(d.string("path"), base_dir),
             tombstone_retention_hours=d.integer("tombstone_retention_hours", 168, minimum=0),
             deletion_vectors=d.get("deletion_vectors", bool, True),
-            parallel_tables=d.integer("parallel_tables", 4, minimum=1),
         )
         d.done()
     if k := sec.section("kafka", required=False):

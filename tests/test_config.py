@@ -98,7 +98,6 @@ def test_defaults_and_env_default_syntax() -> None:
     assert (config.dump.chunk_size, config.dump.delay_ms, config.dump.parallelism) == (10000, 0, 1)
     assert config.kafka is None and config.ha is None
     assert config.delta is not None and config.delta.deletion_vectors
-    assert config.delta.parallel_tables == 4
     assert config.metadata_url.endswith("/dblog-meta.db")
 
 
@@ -200,11 +199,6 @@ MALFORMED = [
         "deletion vectors text",
         _edit("{path: ./out/delta}", "{path: ./out/delta, deletion_vectors: yes please}"),
         "sinks.delta.deletion_vectors must be true or false",
-    ),
-    (
-        "no tables at once",
-        _edit("{path: ./out/delta}", "{path: ./out/delta, parallel_tables: 0}"),
-        "sinks.delta.parallel_tables must be >= 1, got 0",
     ),
     (
         "slot on mysql",

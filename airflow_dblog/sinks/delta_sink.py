@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -153,9 +151,6 @@ class DeltaSink:
         self.describe = describe
         self.lease_token = lease_token  # 0 without ha
         self._purged_at: dict[TableId, float] = {}
-        self._local = threading.local()
-        self._describing = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
 
     def table_path(self, table: TableId) -> str:
         return table_path(self.config, table)
@@ -204,65 +199,30 @@ class DeltaSink:
         """Apply one batch to every table it touches (the :class:`~airflow_dblog.sinks.base.Sink`
         contract: ``segment`` is the batch's last spool segment).
 
-        A table's batch of dumped rows alone is bounded by their key range (an append where
-        Delta holds none of it) and commits under the dump's transaction app id; a batch with
-        log rows of the table is one MERGE of everything under the log's app id. A MERGE of log
-        rows joins against the whole table (their keys are anywhere), so dumped rows ride along
-        for the cost of their inserts, where a MERGE of their own is a second commit (a re-dumped
-        10,000-key range with 5,000 / 52,000 random updates into 200,000 rows, interleaved runs:
-        11.5 / 8.4 s as one MERGE, 19.9 / 11.2 s as two). A replayed batch skips what Delta holds
-        (app id + version); the position guard keeps the newest row of a key either way.
+        A table's dumped rows go in first, bounded by their key range (an append where Delta
+        holds none of it), then its log rows through a MERGE of their own: dumped rows joined
+        against the whole table made every batch under load cost a full MERGE. Each part commits
+        under its own transaction app id, so a crash between the two replays only the second.
+        The order is free: the position guard keeps the newest row of a key either way, and a
+        key's dumped row is always older than its log rows after the window.
         """
         version = self.txn_version(segment)
-
-        def write_table(table: TableId) -> None:
-            name = str(table)
+        events = batch.events
+        for name in batch.tables:
+            table = TableId.parse(name)
             self._follow_schema(table)
-            rows = batch.events.where(batch.events["table"] == name)
+            rows = events.where(events["table"] == name)
             bounds = batch.dump_bounds.get(name)
-            if bounds is None or name in batch.logged:
+            if bounds is None:
                 self._merge(self.app_id, version, table, rows)
-            else:
+            elif name not in batch.logged:
                 self._merge(self._dump_app_id, version, table, rows, bounds)
-
-        self._each([TableId.parse(name) for name in sorted(batch.tables)], write_table)
-        self._each(list(self.schemas), self._purge_tombstones)
-
-    def _each(self, tables: Sequence[TableId], work: Callable[[TableId], None]) -> None:
-        """Run ``work`` for each table, up to ``parallel_tables`` at once.
-
-        Each MERGE has a second or two of driver-side work (log replay, planning, the commit)
-        that overlaps with another table's tasks: 8 tables of 100 changes each took 26.0 s one
-        after another vs 21.3 s four at a time (means of 3 rounds on a shared 2-core machine,
-        load 7-10; more cores give more overlap). A table's transaction id is session
-        configuration, so each thread writes through a session of its own (same SparkContext
-        and cache). The first error is raised once all are done; what committed stays
-        committed, as when tables went one by one (a replay skips it).
-        """
-        if len(tables) <= 1 or self.config.parallel_tables == 1:
-            for table in tables:
-                work(table)
-            return
-
-        from pyspark import inheritable_thread_target
-
-        def run(table: TableId) -> None:
-            if getattr(self._local, "spark", None) is None:
-                self._local.spark = self.spark.newSession()
-            work(table)
-
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.config.parallel_tables, "delta-table")
-        # the batch's job group comes along: stopping the query cancels these MERGEs too
-        futures = [self._pool.submit(inheritable_thread_target(run), table) for table in tables]
-        wait(futures)
-        for future in futures:
-            future.result()
-
-    @property
-    def _spark(self) -> SparkSession:
-        """This thread's session: the sink's own, or a table writer thread's (see ``_each``)."""
-        return getattr(self._local, "spark", None) or self.spark
+            else:
+                dumped = rows["chunk_id"].isNotNull()
+                self._merge(self._dump_app_id, version, table, rows.where(dumped), bounds)
+                self._merge(self.app_id, version, table, rows.where(~dumped))
+        for table in self.schemas:
+            self._purge_tombstones(table)
 
     @property
     def _dump_app_id(self) -> str:
@@ -280,8 +240,7 @@ class DeltaSink:
         schema = self.schemas[table]
         if self.describe is None:
             return
-        with self._describing:  # one source connection, not thread-safe
-            current = self.describe(table)
+        current = self.describe(table)
         if current.key != schema.key:
             raise DblogError(
                 f"the primary key of {table} changed from ({', '.join(schema.key)}) to"
@@ -295,9 +254,9 @@ class DeltaSink:
         from delta.tables import DeltaTable
 
         path = self.table_path(table)
-        if DeltaTable.isDeltaTable(self._spark, path):
+        if DeltaTable.isDeltaTable(self.spark, path):
             ddl = ", ".join(f"{quoted(c.name)} {spark_type(c).simpleString()}" for c in added)
-            self._spark.sql(f"ALTER TABLE delta.{quoted(path)} ADD COLUMNS ({ddl})")
+            self.spark.sql(f"ALTER TABLE delta.{quoted(path)} ADD COLUMNS ({ddl})")
             log.info("%s: source added columns %s; added to Delta", table, [c.name for c in added])
         now = {c.name for c in current.columns}
         kept = [c for c in schema.columns if c.name not in now]
@@ -355,7 +314,7 @@ class DeltaSink:
             .whenMatchedUpdate(condition="s._dblog_position > t._dblog_position", set=update)
             .whenNotMatchedInsert(values=insert)
         )
-        conf = self._spark.conf
+        conf = self.spark.conf
         conf.set(_TXN_APP, app_id)
         conf.set(_TXN_VERSION, str(version))
         from delta.exceptions import ConcurrentTransactionException
@@ -428,8 +387,8 @@ class DeltaSink:
         from pyspark.sql import types as T
 
         path = self.table_path(table)
-        if DeltaTable.isDeltaTable(self._spark, path):
-            return DeltaTable.forPath(self._spark, path)
+        if DeltaTable.isDeltaTable(self.spark, path):
+            return DeltaTable.forPath(self.spark, path)
         schema = self.schemas[table]
         columns = [T.StructField(c.name, spark_type(c), nullable=True) for c in schema.columns] + [
             T.StructField("_dblog_position", T.StringType(), False),
@@ -439,7 +398,7 @@ class DeltaSink:
         ]
         log.info("creating Delta table %s at %s", table, path)
         return (
-            DeltaTable.createIfNotExists(self._spark)
+            DeltaTable.createIfNotExists(self.spark)
             .location(path)
             .addColumns(T.StructType(columns))
             .property("delta.enableChangeDataFeed", "true")
@@ -458,15 +417,14 @@ class DeltaSink:
             return
         self._purged_at[table] = now
         path = self.table_path(table)
-        if not DeltaTable.isDeltaTable(self._spark, path):
+        if not DeltaTable.isDeltaTable(self.spark, path):
             return
         expired = F.col("_dblog_deleted") & (
             F.col("_dblog_ts") < F.current_timestamp() - F.expr(f"INTERVAL {int(hours)} HOURS")
         )
-        delta = DeltaTable.forPath(self._spark, path)
+        delta = DeltaTable.forPath(self.spark, path)
         if delta.toDF().where(expired).limit(1).count():  # no empty DELETE commits
             delta.delete(expired)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
+        pass

@@ -313,11 +313,10 @@ def test_a_batch_of_dumped_rows_bounded_by_its_key_range_keeps_the_guard(
     assert _version(sink) == version + 1 and len(state) == 6
 
 
-def test_a_batch_of_dumped_rows_and_log_rows_of_a_table_is_one_merge(sink: DeltaSink) -> None:
-    """The log rows' MERGE joins the whole table anyway, so the dumped rows ride along: one
-    commit, idempotent as a whole. A batch whose dumped part alone was committed (by the
-    release that wrote the parts apart) replays as that one MERGE; the guard keeps its dumped
-    rows from being written twice, and no key's version goes back in the feed."""
+def test_a_batch_of_dumped_rows_and_log_rows_commits_them_apart(sink: DeltaSink) -> None:
+    """Dumped rows go in bounded by their range (an append where Delta holds none of it),
+    then the log rows through their own MERGE; each part is idempotent on its own, so a crash
+    between them replays only the log part, and no key's version goes back in the feed."""
     from delta.tables import DeltaTable
 
     _write(sink, 1, [_event("c", 50, 1, 10)])
@@ -328,74 +327,22 @@ def test_a_batch_of_dumped_rows_and_log_rows_of_a_table_is_one_merge(sink: Delta
         _event("u", 50, 4, 42),  # a key outside the dumped range
     ]
     name = str(TABLE)
-    _write(sink, 2, dumped + logged, {name: (1, 3)}, {name})
-    _write(sink, 2, dumped + logged, {name: (1, 3)}, {name})  # replayed: nothing
+    # a crash after the dumped part: the batch had committed only that
+    _write(sink, 2, dumped, {name: (1, 3)})
+    _write(sink, 2, dumped + logged, {name: (1, 3)}, {name})  # replayed: the log part only
+    _write(sink, 2, dumped + logged, {name: (1, 3)}, {name})  # and again: nothing
     state = _state(sink)
     assert {a: state[a]["qty"] for a in state} == {1: 2, 2: 3, 3: 2, 50: 4}
-    history = DeltaTable.forPath(sink.spark, sink.table_path(TABLE)).history().collect()
-    operations = [r["operation"] for r in history]  # newest first
-    assert operations[:2] == ["MERGE", "MERGE"] and len(operations) == 3  # creation, 1, 2
-
-    # the older release's crash between its two parts: only the dumped part had committed
-    dumped = [dataclasses.replace(_event("r", a, 5, 50), chunk_id=2, dump_id=2) for a in (7, 8)]
-    logged = [_event("u", 8, 6, 51), _event("u", 50, 6, 52)]
-    _write(sink, 3, dumped, {name: (7, 8)})
-    _write(sink, 3, dumped + logged, {name: (7, 8)}, {name})
-    state = _state(sink)
-    assert {a: state[a]["qty"] for a in (7, 8, 50)} == {7: 5, 8: 6, 50: 6}
+    operations = [
+        r["operation"]
+        for r in DeltaTable.forPath(sink.spark, sink.table_path(TABLE)).history().collect()
+    ]
+    assert operations[:2] == ["MERGE", "WRITE"]  # newest first: the log MERGE, the append
+    assert len(operations) == 4  # the table's creation, batch 1, then batch 2's two parts
     feed = [(r["a"], r["_dblog_position"]) for r in _feed(sink)]
     for key in {a for a, _ in feed}:
         positions = [p for a, p in feed if a == key]
         assert positions == sorted(positions), (key, positions)
-    assert [a for a, _ in feed].count(7) == 1  # inserted once, not written again
-
-
-def test_the_tables_of_a_batch_are_written_at_once_each_under_its_own_transaction_id(
-    spark: Any, tmp_path: Path
-) -> None:
-    """Four tables in one batch go to four threads, each with a session of its own: a dumped-
-    rows-only table commits under the dump's app id while the others commit under the log's,
-    at the same time, and a replay of the batch commits nothing anywhere."""
-    import json
-
-    tables = [TableId("shop", f"t{i}") for i in range(4)]
-    schemas = {t: dataclasses.replace(SCHEMA, table=t) for t in tables}
-    config = DeltaSinkConfig(str(tmp_path / "delta"), parallel_tables=4)
-    sink = DeltaSink(spark, config, schemas, "dblog-test")
-    threads: set[str] = set()
-    merge = sink._merge
-
-    def spy(*args: Any, **kwargs: Any) -> None:
-        threads.add(threading.current_thread().name)
-        merge(*args, **kwargs)
-
-    sink._merge = spy  # type: ignore[method-assign]
-    events = [
-        dataclasses.replace(_event("r" if t == tables[0] else "c", a, i, 10 * i + a), table=t)
-        for i, t in enumerate(tables)
-        for a in (1, 2)
-    ]
-    lines = spark.createDataFrame([(EventText.of(e).line(),) for e in events], "line string")
-    frame = lines.selectExpr(f"from_json(line, '{EVENT_DDL}') AS e").select("e.*")
-    batch = FrameBatch(
-        frame, {str(t) for t in tables}, {str(tables[0]): (1, 2)}, {str(t) for t in tables[1:]}
-    )
-    sink.write(7, batch)
-    sink.write(7, batch)  # replayed
-    sink.close()
-    assert len(threads) > 1 and all(n.startswith("delta-table") for n in threads)
-    for i, table in enumerate(tables):
-        rows = spark.read.format("delta").load(sink.table_path(table)).collect()
-        assert sorted((r["a"], r["qty"]) for r in rows) == [(1, i), (2, i)]
-        log = Path(sink.table_path(table)) / "_delta_log"
-        txns = [
-            json.loads(line)["txn"]
-            for path in sorted(log.glob("*.json"))
-            for line in path.read_text().splitlines()
-            if '"txn"' in line
-        ]
-        app_id = "dblog-test/dump" if i == 0 else "dblog-test"
-        assert [(t["appId"], t["version"]) for t in txns] == [(app_id, 7)], table
 
 
 def test_optimize_compacts_and_keeps_every_row(sink: DeltaSink) -> None:
