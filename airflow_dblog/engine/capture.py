@@ -208,6 +208,7 @@ class SpooledCapture(Capture):
         worker: str = "stream",
     ) -> None:
         seqs = spool.segments()
+        spool.continue_after(seqs[-1] if seqs else None)
         footers = [spool.footer(seq) for seq in seqs]
         state = store.stream_state(config.name)
         saved = (state.source_offset or {}) if state else {}

@@ -193,6 +193,7 @@ class Spool:
         self._recent: collections.OrderedDict[int, Segment] = collections.OrderedDict()
         self._recent_events = 0
         self._lock = threading.Lock()
+        self._next: int | None = None  # the writer's own numbering (see continue_after)
 
     @staticmethod
     def name(seq: int) -> str:
@@ -224,16 +225,28 @@ class Spool:
         seqs = self.segments()
         return seqs[-1] + 1 if seqs else 0
 
+    def continue_after(self, seq: int | None) -> None:
+        """Number the next segments from ``seq + 1`` on, whatever appears in the directory.
+
+        The writer resumed after segment ``seq``; a segment that another process adds later
+        (a deposed leader that was frozen between its fence check and its write) must stop
+        this writer, not be skipped over: its events would reach the sinks twice.
+        """
+        self._next = 0 if seq is None else seq + 1
+
     def append(self, events: Sequence[ChangeEvent], footer: dict[str, Any]) -> int:
-        seq = self.end()
+        seq = self.end() if self._next is None else self._next
         texts = [EventText.of(event) for event in events]
         data, footer = self._encode(seq, events, texts, footer)
         try:  # never overwrites: a segment is written once, by one process
             self.store.create(self.name(seq), data)
         except FileExistsError:
             raise DblogError(
-                f"spool segment {seq} in {self.location} was written by another process",
-                "run one stream process per checkpoint directory (standbys need ha.zookeeper)",
+                f"spool segment {seq} in {self.location} was written by another process (a"
+                " second stream on this checkpoint, or a deposed leader that woke up after this"
+                " one took over)",
+                "run one stream process per checkpoint directory (standbys need ha.zookeeper);"
+                " a restarted stream continues after that segment",
             ) from None
         except OSError as err:
             if err.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -248,6 +261,8 @@ class Spool:
                 f"cannot write spool segment {seq} in {self.location}: {reason}",
                 self.store.write_hint,
             ) from None
+        if self._next is not None:
+            self._next = seq + 1
         if self._remember:
             with self._lock:
                 self._recent[seq] = Segment(texts, footer)

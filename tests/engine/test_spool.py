@@ -67,6 +67,29 @@ def test_a_segment_is_never_overwritten_by_a_second_writer(
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_a_segment_a_deposed_leader_adds_after_the_takeover_stops_the_new_one(
+    tmp_path: Path,
+) -> None:
+    """The new leader resumed after segment 0; the old one, frozen between its fence check and
+    its write, then adds segment 1 with the events the new leader reads again. Numbering on past
+    it would send those events twice; the new leader stops instead (a restart continues after
+    segment 1), and whichever of the two writes second is refused."""
+    old = Spool(tmp_path)
+    old.append([_event(1)], {"closed": []})
+    new = Spool(tmp_path)
+    new.continue_after(new.segments()[-1])
+    old.append([_event(2)], {"closed": []})  # the deposed leader wakes up and writes
+    with pytest.raises(DblogError, match=r"segment 1 in .* deposed leader"):
+        new.append([_event(2)], {"closed": []})
+    assert new.segments() == [0, 1]
+    new.continue_after(0)
+    with pytest.raises(DblogError, match="written by another process"):
+        new.append([_event(2)], {"closed": []})
+    newest = Spool(tmp_path)
+    newest.continue_after(1)
+    assert newest.append([_event(3)], {"closed": []}) == 2 and newest.append([], {}) == 3
+
+
 def test_a_full_disk_is_one_clear_error_and_leaves_nothing_half_written(tmp_path: Path) -> None:
     spool = Spool(tmp_path)
     spool.append([_event(1)], {"closed": []})
