@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services import read_committed
+from services import read_committed_until
 from stream_process import Stream
 from workload import Db, insert_rows, key_of, source_rows
 
@@ -226,13 +226,12 @@ def check_outputs(
         return
     for table in expected:
         topic = f"{config.kafka.topic_prefix}.{table.db}.{table.table}"
-        deadline = time.monotonic() + 60  # the Kafka transaction may commit after Delta's
-        while True:
-            messages = read_committed(config.kafka.bootstrap_servers, topic)
-            histories, replayed = kafka_histories(messages, columns, version)
-            if key_of(SENTINEL) in replayed or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        messages = read_committed_until(
+            config.kafka.bootstrap_servers,
+            topic,
+            lambda m: key_of(SENTINEL) in kafka_histories(m, columns, version)[1],
+        )
+        histories, replayed = kafka_histories(messages, columns, version)
         for key, steps in histories.items():
             check_history(key, steps, ranked=version is not None)
         assert_equal([(f"Kafka {topic} replayed", expected[table], replayed)])

@@ -777,6 +777,21 @@ def read_committed(servers: str, topic: str, quiet_s: float = 5.0) -> list[tuple
         consumer.close()
 
 
+def read_committed_until(
+    servers: str,
+    topic: str,
+    done: Callable[[list[tuple[Any, Any]]], bool],
+    timeout_s: float = 60.0,
+) -> list[tuple[Any, Any]]:
+    """:func:`read_committed` again until ``done`` holds of what it read, or ``timeout_s``
+    passed; the last read either way. A batch's Kafka transaction may commit just after
+    Delta's, so Delta having caught up does not mean Kafka has."""
+    deadline = time.monotonic() + timeout_s
+    while not done(messages := read_committed(servers, topic)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return messages
+
+
 # ---------------------------------------------------------------------------------------------
 # the standalone Spark cluster and object store (scripts/services.sh up spark object-store)
 

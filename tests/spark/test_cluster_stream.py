@@ -28,7 +28,7 @@ from oracle import (
     check_history,
     kafka_histories,
 )
-from services import cluster_missing, ensure_cluster, read_committed, s3_storage_options
+from services import cluster_missing, ensure_cluster, read_committed_until, s3_storage_options
 from stream_process import Stream, until, write_config
 from workload import Db, db_for, insert_rows, key_of, load, source_rows, writers
 
@@ -120,13 +120,12 @@ def _check_outputs(config: Config, db: Db, stream: Stream) -> None:
         check_history(key, steps, ranked=False)
     assert config.kafka is not None
     topic = f"{config.kafka.topic_prefix}.{db.table().db}.{db.table().table}"
-    deadline = time.monotonic() + 60  # the Kafka transaction may commit after Delta's
-    while True:
-        messages = read_committed(config.kafka.bootstrap_servers, topic)
-        histories, replayed = kafka_histories(messages, COLUMNS, None)
-        if key_of(SENTINEL) in replayed or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    messages = read_committed_until(
+        config.kafka.bootstrap_servers,
+        topic,
+        lambda m: key_of(SENTINEL) in kafka_histories(m, COLUMNS, None)[1],
+    )
+    histories, replayed = kafka_histories(messages, COLUMNS, None)
     for key, steps in histories.items():
         check_history(key, steps, ranked=False)
     assert_equal([(f"Kafka {topic} replayed", expected, replayed)])
