@@ -6,4 +6,4 @@ Where things live: ``core`` (the algorithm, pure), ``sources`` (per database), `
 streaming job), ``provider`` (Airflow), ``cli``.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

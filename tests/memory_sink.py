@@ -6,16 +6,16 @@ Tests use them to replay the output and compare it with the source table without
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from airflow_dblog.config import Config
 from airflow_dblog.core.events import ChangeEvent, LogItem, Row, TableId
-from airflow_dblog.core.merge import ClosedChunk
 from airflow_dblog.core.position import Position
-from airflow_dblog.engine.capture import Capture
+from airflow_dblog.engine.capture import Capture, Published
+from airflow_dblog.engine.chunk_file import ChunkRef
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.spool import closed_record
 from airflow_dblog.sources.base import ChangelogReader, Source
 
 
@@ -66,17 +66,41 @@ class MemoryCapture(Capture):
         super().__init__(config, store, source, reader, batch_id=batch_id)
         self.sinks = list(sinks)
 
-    def _publish(
-        self, output: list[ChangeEvent], closed: list[ClosedChunk], items: list[LogItem]
-    ) -> None:
+    def _publish(self, output: list[Published], items: list[LogItem]) -> None:
+        refs = [o for o in output if isinstance(o, ChunkRef)]
+        events = list(self._events(output))
         for sink in self.sinks:
-            sink.write(self.batch_id, output)
+            sink.write(self.batch_id, events)
         offset = self.reader.offset()
         self._record_commit(
             {"reader": offset, "batch_id": self.batch_id},
             str(items[-1].position) if items else None,
-            bool(output),
-            [closed_record(c) for c in closed],
+            bool(events),
+            [ref.closed_record() for ref in refs],
             self.source_ts_ms,
         )
         self.reader.acknowledge(offset)
+        for ref in refs:
+            if ref.folder:
+                self.files.delete(ref.folder)
+
+    def _events(self, output: list[Published]) -> Iterator[ChangeEvent]:
+        """Log events as they are; a chunk's rows read back from its file (plain JSON values,
+        as every sink receives them)."""
+        for item in output:
+            if not isinstance(item, ChunkRef):
+                yield item
+                continue
+            if not item.emitted:
+                continue
+            for text in item.texts(self.files):
+                yield ChangeEvent(
+                    table=TableId.parse(text.table),
+                    op="r",
+                    key=tuple(json.loads(text.key)),
+                    position=Position.parse(text.position),
+                    after=json.loads(text.after),
+                    ts_ms=int(text.ts_ms),
+                    dump_id=item.dump_id,
+                    chunk_id=item.chunk_id,
+                )

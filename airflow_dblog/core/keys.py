@@ -109,3 +109,32 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def match_key(key: Sequence[Any]) -> str:
+    """A key as text that is equal for two keys of the same column types exactly when they
+    compare equal in Python (the sources give the log's keys and the SELECT's the same types).
+
+    A chunk's rows are matched against the keys the log changed inside its window where the
+    rows are (a Spark task, the Kafka forwarder), not in the merge, so the comparison goes by
+    this text: decimals normalised (``1.50`` is ``1.5``), aware times in UTC, bytes as hex.
+    """
+    return json.dumps([_matchable(v) for v in key], separators=(",", ":"), ensure_ascii=False)
+
+
+def _matchable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else repr(value)
+    if isinstance(value, decimal.Decimal):
+        if value.is_finite() and value == value.to_integral_value():
+            return int(value)
+        return str(value.normalize())
+    if isinstance(value, dt.datetime) and value.utcoffset() is not None:
+        return value.astimezone(dt.timezone.utc).replace(tzinfo=None).isoformat()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {_BYTES: bytes(value).hex()}
+    return _jsonable(value)

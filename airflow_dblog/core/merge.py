@@ -3,12 +3,16 @@
 Feed the log in order with :meth:`WatermarkMerge.feed`; each call returns what to emit now.
 Change events are emitted at once, in log order (a dump never holds the log back). A chunk is
 registered with :meth:`~WatermarkMerge.open_chunk` before any log item that may fall inside its
-window is fed, and its SELECTed rows arrive with :meth:`~WatermarkMerge.set_rows` any time before
-the window closes. Every change of the chunk's table inside the window removes its key from the
-rows (the log's value is at least as new). When the window closes, the remaining rows are emitted
-as ``op="r"`` events placed right after the closing point and before anything the log emits
-later: at the high watermark's position (``table``), or after the last log event emitted before
-the item that closed the window (read-only strategies), as ``base.dumped_row(i)``.
+window is fed, and :meth:`~WatermarkMerge.rows_ready` says, any time before the window closes,
+that its SELECT is done and how many rows it read. The rows themselves never pass through the
+merge: they are in a chunk file written where the SELECT ran (a Spark executor), and the merge
+only keeps the keys of the table that changed inside the window (the log's value is at least
+as new for those). When the window closes it emits one :class:`DumpedRows` item placed right
+after the closing point and before anything the log emits later: at the high watermark's
+position (``table``), or after the last log event emitted before the item that closed the
+window (read-only strategies). Row ``i`` of the chunk (in key order) becomes an ``op="r"``
+event at ``base.dumped_row(first_index + i)`` unless its key changed in the window
+(:func:`expand` is the rule the sinks apply, to the file's rows).
 
 Several chunks may be open at once, of one table or several. Watermark events and heartbeats are
 never emitted.
@@ -21,6 +25,11 @@ by the source's horizon (:meth:`~WatermarkMerge.forget`); if it ever has to drop
 still needed (``history_limit``), windows that judge the past are refused with
 :class:`HistoryLost` until the horizon has passed them, and the chunk is selected again.
 
+Chunks may be registered late, after the log was read past their SELECT (a Spark task ran it
+while the reader went on): read-only windows and PostgreSQL's snapshot-judged ``table`` window
+judge what the merge remembers, and the caller keeps the memory back to the oldest SELECT in
+flight (a horizon read before it started).
+
 The state lives in memory only, nothing of it is checkpointed: a restarted stream starts a new
 merge (``unknown_past``) and selects its chunks in flight again. Pure logic: no I/O, no clock.
 """
@@ -28,8 +37,8 @@ merge (``unknown_past``) and selects its chunks in flight again. Pure logic: no 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, Row, TableId, WatermarkEvent
@@ -38,7 +47,7 @@ from airflow_dblog.core.window import Window, WindowError, later_xid
 from airflow_dblog.errors import DblogError
 
 Key = tuple[Any, ...]
-Rows = Sequence[tuple[Sequence[Any], Row]]
+Rows = Iterable[tuple[Sequence[Any], Row]]
 
 _MAX_COORD = 2**64 - 1
 
@@ -66,22 +75,48 @@ HISTORY_LIMIT = 200_000  # remembered changes at most (a horizon normally keeps 
 
 
 @dataclass(frozen=True)
-class ClosedChunk:
-    """A chunk whose window closed, with the numbers the metadata store records.
+class DumpedRows:
+    """A chunk whose window closed, at its place in the output: its rows are emitted here.
 
-    ``position`` is the base the rows were placed at; row ``i`` of the output has position
-    ``position.dumped_row(first_index + i)`` (``first_index`` is 0 unless another chunk closed
-    at the same point first).
+    Row ``i`` of the chunk's SELECT (key order, counting every selected row) becomes an
+    ``op="r"`` event at ``position.dumped_row(first_index + i)`` unless its key is in
+    ``changed`` (those changed inside the window: the log carries a newer value). ``rows`` is
+    whatever the caller gave :meth:`WatermarkMerge.rows_ready` (where the rows are).
     """
 
     chunk_id: int
     dump_id: int
     table: TableId
     selected: int
-    dropped: int
-    emitted: int
     position: Position
-    first_index: int = 0
+    first_index: int
+    changed: frozenset[Key]
+    rows: Any
+    ts_ms: int
+
+    def row_position(self, index: int) -> Position:
+        return self.position.dumped_row(self.first_index + index)
+
+
+def expand(dumped: DumpedRows, rows: Rows) -> Iterator[ChangeEvent]:
+    """The events a :class:`DumpedRows` stands for, given its chunk's rows in SELECT order."""
+    for i, (key, row) in enumerate(rows):
+        k = tuple(key)
+        if k in dumped.changed:
+            continue
+        yield ChangeEvent(
+            table=dumped.table,
+            op="r",
+            key=k,
+            position=dumped.row_position(i),
+            after=row,
+            ts_ms=dumped.ts_ms,
+            dump_id=dumped.dump_id,
+            chunk_id=dumped.chunk_id,
+        )
+
+
+Output = ChangeEvent | DumpedRows
 
 
 @dataclass
@@ -91,10 +126,9 @@ class _Chunk:
     table: TableId
     window: Window
     opened: bool
-    rows: dict[Key, Row] | None = None  # remaining rows in key order, once known
-    changed: set[Key] | None = field(default_factory=set)  # in-window keys while rows unknown
-    selected: int = 0
-    dropped: int = 0
+    changed: set[Key]  # keys of the table changed inside the window so far
+    selected: int | None = None  # known once the SELECT is done
+    rows: Any = None
     ts_ms: int | None = None
 
 
@@ -119,7 +153,6 @@ class WatermarkMerge:
         self._history_limit = history_limit
         self._lost = unknown_past  # stands for every change dropped while possibly still needed
         self._open: dict[int, _Chunk] = {}
-        self._closed: list[ClosedChunk] = []
         self._last_position = start  # last ChangeEvent/WatermarkEvent fed (or ``start``)
         self._last_ts = 0
         self._dump_base: Position | None = None  # where the latest dumped rows were placed
@@ -142,9 +175,7 @@ class WatermarkMerge:
                     "the chunk is selected again once the source's horizon has passed them",
                 )
             changed = {s.key for s in self._history if s.table == table and window.contains_past(s)}
-        self._open[chunk_id] = _Chunk(
-            chunk_id, dump_id, table, window, window.starts_open, changed=changed
-        )
+        self._open[chunk_id] = _Chunk(chunk_id, dump_id, table, window, window.starts_open, changed)
 
     def forget(self, forgettable: Callable[[Seen], bool]) -> int:
         """Drop the oldest remembered changes no later window can need; returns how many."""
@@ -174,28 +205,21 @@ class WatermarkMerge:
                 old.gtid,
             )
 
-    def set_rows(self, chunk_id: int, rows: Rows, ts_ms: int | None = None) -> None:
-        """The chunk's SELECT result, ``(key, row)`` in key order; ``ts_ms``: when it was read.
+    def rows_ready(
+        self, chunk_id: int, selected: int, rows: Any = None, ts_ms: int | None = None
+    ) -> None:
+        """The chunk's SELECT is done: ``selected`` rows, kept wherever ``rows`` says.
 
-        Keys changed inside the window so far are dropped now; from here on only keys among the
-        rows are tracked, so memory stays at one chunk of rows per open chunk. Keys must compare
-        equal to the log's event keys (same Python types): the sources see to that.
+        ``ts_ms``: when they were read (default: the last change's time when the window closes).
+        Keys must compare equal to the log's event keys (same Python types): the sources see to
+        that, and the sinks compare :func:`~airflow_dblog.core.keys.match_key` texts.
         """
         chunk = self._get(chunk_id)
-        if chunk.rows is not None:
+        if chunk.selected is not None:
             raise MergeError(f"rows of chunk {chunk_id} were already supplied")
-        remaining: dict[Key, Row] = {}
-        for key, row in rows:
-            k = tuple(key)
-            if k in remaining:
-                raise MergeError(f"chunk {chunk_id} selected key {k!r} twice")
-            remaining[k] = row
-        chunk.selected = len(remaining)
-        for k in chunk.changed or ():
-            if k in remaining:
-                del remaining[k]
-                chunk.dropped += 1
-        chunk.rows, chunk.changed, chunk.ts_ms = remaining, None, ts_ms
+        if selected < 0:
+            raise MergeError(f"chunk {chunk_id}: {selected} rows selected")
+        chunk.selected, chunk.rows, chunk.ts_ms = selected, rows, ts_ms
 
     def cancel_chunk(self, chunk_id: int) -> bool:
         """Forget an open chunk without emitting it (its SELECT failed, its dump was cancelled)."""
@@ -208,13 +232,11 @@ class WatermarkMerge:
             del self._open[chunk_id]
         return len(ids)
 
+    def open_ids(self) -> set[int]:
+        return set(self._open)
+
     def open_count(self) -> int:
         return len(self._open)
-
-    def pop_closed(self) -> list[ClosedChunk]:
-        """Chunks closed since the last call, in closing order."""
-        closed, self._closed = self._closed, []
-        return closed
 
     @property
     def remembers_all(self) -> bool:
@@ -223,17 +245,17 @@ class WatermarkMerge:
 
     # ------------------------------------------------------------------------------- log
 
-    def feed(self, item: LogItem) -> list[ChangeEvent]:
+    def feed(self, item: LogItem) -> list[Output]:
         """One log item in; the events to emit now, in order."""
         if not isinstance(item, (ChangeEvent, WatermarkEvent, Heartbeat)):
             raise TypeError(f"not a log item: {item!r}")
         positioned = isinstance(item, (ChangeEvent, WatermarkEvent))  # heartbeats may repeat
         if positioned:
             self._check_order(item)
-        out: list[ChangeEvent] = []
+        out: list[Output] = []
         for chunk in list(self._open.values()):
             if chunk.opened and chunk.window.closes_before(item):
-                out.extend(self._close(chunk, self._base_before(chunk, item)))
+                out.append(self._close(chunk, self._base_before(chunk, item)))
         change = item if isinstance(item, ChangeEvent) else None
         for chunk in self._open.values():
             mine = change is not None and change.table == chunk.table
@@ -253,7 +275,7 @@ class WatermarkMerge:
             if chunk.window.closes_at(item):
                 if not chunk.opened:
                     raise _unopened(chunk, item)
-                out.extend(self._close(chunk, item.position))
+                out.append(self._close(chunk, item.position))
         return out
 
     def _check_order(self, item: ChangeEvent | WatermarkEvent) -> None:
@@ -272,12 +294,7 @@ class WatermarkMerge:
             )
 
     def _conflict(self, chunk: _Chunk, key: Key) -> None:
-        if chunk.rows is None:
-            assert chunk.changed is not None
-            chunk.changed.add(key)
-        elif key in chunk.rows:
-            del chunk.rows[key]
-            chunk.dropped += 1
+        chunk.changed.add(key)
 
     def _base_before(self, chunk: _Chunk, item: LogItem) -> Position:
         """Where rows go when the window closes before ``item``: after the last event emitted.
@@ -293,46 +310,29 @@ class WatermarkMerge:
             return fallback
         return _just_before(item.position)
 
-    def _close(self, chunk: _Chunk, base: Position) -> list[ChangeEvent]:
-        if chunk.rows is None:
+    def _close(self, chunk: _Chunk, base: Position) -> DumpedRows:
+        if chunk.selected is None:
             raise MergeError(
                 f"the window of chunk {chunk.chunk_id} (dump {chunk.dump_id}, {chunk.table}) closed"
-                f" at {base} before its rows were supplied",
-                "call set_rows before the log is fed past the chunk's window",
+                f" at {base} before its rows were ready",
+                "call rows_ready before the log is fed past the chunk's window",
             )
         del self._open[chunk.chunk_id]
         same_base = self._dump_base is not None and self._dump_base.log_part() == base.log_part()
         first = self._dump_next if same_base else 0
-        ts_ms = self._last_ts if chunk.ts_ms is None else chunk.ts_ms
-        events = [
-            ChangeEvent(
-                table=chunk.table,
-                op="r",
-                key=key,
-                position=base.dumped_row(first + i),
-                before=None,
-                after=row,
-                ts_ms=ts_ms,
-                dump_id=chunk.dump_id,
-                chunk_id=chunk.chunk_id,
-            )
-            for i, (key, row) in enumerate(chunk.rows.items())
-        ]
-        if events:
-            self._dump_base, self._dump_next = base, first + len(events)
-        self._closed.append(
-            ClosedChunk(
-                chunk.chunk_id,
-                chunk.dump_id,
-                chunk.table,
-                chunk.selected,
-                chunk.dropped,
-                len(events),
-                base,
-                first,
-            )
+        if chunk.selected:
+            self._dump_base, self._dump_next = base, first + chunk.selected
+        return DumpedRows(
+            chunk.chunk_id,
+            chunk.dump_id,
+            chunk.table,
+            chunk.selected,
+            base,
+            first,
+            frozenset(chunk.changed),
+            chunk.rows,
+            self._last_ts if chunk.ts_ms is None else chunk.ts_ms,
         )
-        return events
 
     def _get(self, chunk_id: int) -> _Chunk:
         try:

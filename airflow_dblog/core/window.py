@@ -159,23 +159,20 @@ class XidSnapshot:
 
 @dataclass(frozen=True)
 class TableWindow(Window):
-    """``table`` strategy: the log items between the LW and HW watermark writes.
+    """MySQL/MariaDB ``table`` strategy: the log items between the LW and HW watermark writes.
 
     Rows go out at the HW event's position. The LW may arrive before or after the rows are known;
     an HW without its LW means the log lost the LW (or the reader skips the watermark table).
 
-    Every change between LW and HW is a conflict. Before the LW, on MySQL/MariaDB with
-    ``binlog_order_commits`` (checked at start-up), every change was visible to the SELECT,
-    which ran after the LW's commit returned. On PostgreSQL it need not be (a commit is in the
-    WAL before it is visible): there the SELECT's own ``snapshot`` judges the changes read
-    before the LW.
+    Every change between LW and HW is a conflict. Before the LW, with ``binlog_order_commits``
+    (checked at start-up), every change was visible to the SELECT, which ran after the LW's
+    commit returned.
     """
 
     kind: ClassVar[str] = "table"
     starts_open: ClassVar[bool] = False
     low: str
     high: str
-    snapshot: XidSnapshot | None = None
 
     def __post_init__(self) -> None:
         if not self.low or not self.high or self.low == self.high:
@@ -189,19 +186,45 @@ class TableWindow(Window):
 
     @property
     def judges_past(self) -> bool:
-        return self.snapshot is not None
+        return False
 
     def contains_past(self, event: Change) -> bool:
-        return self.snapshot is not None and self.snapshot.missed(event)
-
-    def forgettable(self, change: Change) -> bool:
-        return self.snapshot is None or self.snapshot.older(change)
+        return False  # logged before the LW: the SELECT, after the LW's commit, saw it
 
     def closes_at(self, item: LogItem) -> bool:
         return isinstance(item, WatermarkEvent) and item.value == self.high
 
     def describe(self) -> str:
         return f"table({self.low}..{self.high})"
+
+
+@dataclass(frozen=True)
+class HighWatermarkWindow(Window):
+    """PostgreSQL ``table`` strategy: the SELECT's snapshot judges, the HW write closes.
+
+    A commit is in the WAL before it is visible to a SELECT, so no low watermark can tell
+    which changes the SELECT saw; its snapshot (``pg_current_snapshot()`` in the SELECT's
+    REPEATABLE READ transaction) can. A change is in the window iff its xid was invisible to it,
+    whether the log delivered it before or after the window was registered. The high
+    watermark, written after the rows are in their file, closes the window; the rows go at its
+    position.
+    """
+
+    kind: ClassVar[str] = "table"
+    high: str
+    snapshot: XidSnapshot
+
+    def contains(self, event: Change) -> bool:
+        return self.snapshot.missed(event)
+
+    def forgettable(self, change: Change) -> bool:
+        return self.snapshot.older(change)
+
+    def closes_at(self, item: LogItem) -> bool:
+        return isinstance(item, WatermarkEvent) and item.value == self.high
+
+    def describe(self) -> str:
+        return f"table(..{self.high}, snapshot {self.snapshot.xmin}:{self.snapshot.xmax})"
 
 
 def widen_xid(xid: int, reference: int) -> int:

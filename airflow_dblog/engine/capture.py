@@ -1,10 +1,13 @@
 """The capture loop: read the log, run chunks between reads, merge, hand the output on, commit.
 
-One ``step`` is one batch: the items the reader has now are fed to the merge and the output is
-published; once it is durable downstream the reader offset is saved, chunks whose rows it holds
-are completed, and only then is the source told it may free the log. A crash between any two of
-these replays the batch: sinks are idempotent and refuse older positions, and chunks not
-completed are selected again.
+One ``step`` is one batch: chunks whose SELECT is done are registered, the items the reader has
+now are fed to the merge and the output is published (log events, and a
+:class:`~airflow_dblog.engine.chunk_file.ChunkRef` where a closed chunk's rows belong; the rows
+are in its chunk file); once it is durable downstream the reader offset is saved, chunks whose
+rows it holds are completed, and only then is the source told it may free the log. A crash
+between any two of these replays the batch: sinks are idempotent and refuse older positions,
+and chunks not completed are selected again. New chunks are sent to the runner at the end of a
+step; their SELECTs run while the next steps read the log.
 
 :class:`SpooledCapture` is the streaming job's: the batch is written to the spool and the commit
 (offset, chunks, acknowledgement) runs once every sink holds the segment (Delta's
@@ -23,16 +26,22 @@ from typing import Any
 
 from airflow_dblog.config import Config, DumpSettings
 from airflow_dblog.core.events import ChangeEvent, LogItem
-from airflow_dblog.core.merge import HISTORY_LIMIT, ClosedChunk, WatermarkMerge
+from airflow_dblog.core.merge import HISTORY_LIMIT, DumpedRows, WatermarkMerge
 from airflow_dblog.engine.chunk_executor import ChunkExecutor
+from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef, ChunkRows
+from airflow_dblog.engine.chunk_runner import ChunkRunner, ThreadChunkRunner
 from airflow_dblog.engine.lag import source_time_ms
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.metadata.store import utcnow
 from airflow_dblog.engine.signals import SignalChannel
-from airflow_dblog.engine.spool import Spool, closed_record
+from airflow_dblog.engine.spool import Spool
+from airflow_dblog.engine.spool_store import join
 from airflow_dblog.engine.watermarks import watermark_strategy
 from airflow_dblog.errors import DblogError
+from airflow_dblog.sources import source_url
 from airflow_dblog.sources.base import ChangelogReader, Offset, Source
+
+Published = ChangeEvent | ChunkRef
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +52,7 @@ IDLE_CLAIM_S = 0.2
 SEGMENT_S = 0.25  # a segment holds at most this much of the log...
 SEGMENT_EVENTS = 5000  # ...or this many events
 IDLE_SEGMENT_S = 1.0  # heartbeats alone: a segment a second
+SELECT_POLL_S = 0.05  # while a SELECT runs, read the log in steps this short to register it soon
 # Dump rows in the spool that not every sink holds yet: beyond this many the next chunk waits,
 # so a busy log and a dump share the sinks' throughput and neither starves. Two chunks' worth
 # (x parallelism), and at least a few sink batches' worth: a sink's batch costs seconds however
@@ -73,11 +83,19 @@ class Capture:
         batch_id: int = 0,
         resumed: bool | None = None,
         durable: Collection[int] = (),
+        runner: ChunkRunner | None = None,
+        files: ChunkFiles | None = None,
+        chunk_folders: Collection[str] = (),
     ) -> None:
         """``resumed``: the reader continues a stream that emitted before (default: the store
         holds an offset); a new stream's first position is saved here, before anything else.
-        ``durable``: chunks in flight whose rows are already downstream (not selected again)."""
+        ``durable``: chunks in flight whose rows are already downstream (not selected again).
+        ``runner`` runs chunk SELECTs into ``files`` (default: driver threads, into
+        ``<checkpoint>/chunks``); ``chunk_folders``: those the output still refers to (the
+        others are of chunks that never closed, and are deleted)."""
         self.config, self.store, self.reader = config, store, reader
+        self.files = files or ChunkFiles(join(config.checkpoint, "chunks"), config.spark.conf)
+        self.runner = runner or ThreadChunkRunner(self.files)
         state = store.stream_state(config.name)
         if resumed is None:
             resumed = bool(state and state.source_offset)
@@ -94,7 +112,17 @@ class Capture:
             history_limit=HISTORY_LIMIT if strategy.history else 0,
             unknown_past=strategy.unknown_past() if resumed and strategy.history else None,
         )
-        self.executor = ChunkExecutor(source, store, self.merge, config.name, strategy, worker)
+        self.executor = ChunkExecutor(
+            source,
+            store,
+            self.merge,
+            config.name,
+            strategy,
+            worker,
+            self.runner,
+            self.files,
+            source_url(config),
+        )
         self.batch_id = batch_id
         self.settings: DumpSettings = config.dump
         self._controls_at = 0.0
@@ -106,24 +134,50 @@ class Capture:
         requeued = store.requeue_inflight(config.name, keep=durable)
         if requeued:
             log.info("restart: %d chunks in flight will be selected again", requeued)
+        stale = self.files.delete_except(chunk_folders)
+        if stale:
+            log.info("restart: deleted %d chunk files of chunks that never closed", stale)
 
     def step(self, max_items: int = 5000, timeout_s: float = 0.2) -> StepResult:
         self._refresh_controls()
+        self.executor.poll()
+        if self.executor.in_flight:
+            timeout_s = min(timeout_s, SELECT_POLL_S)
         items: list[LogItem] = self.reader.read(max_items, timeout_s)
         self.source_ts_ms = source_time_ms(items, int(time.time() * 1000), self.source_ts_ms)
-        output: list[ChangeEvent] = []
+        output: list[Published] = []
         for item in items:
-            output.extend(self.merge.feed(item))
-        closed = self.merge.pop_closed()
-        if output or closed or items:
+            for out in self.merge.feed(item):
+                output.append(self._placed(out) if isinstance(out, DumpedRows) else out)
+        if output or items:
             self.batch_id += 1
-            self._publish(output, closed, items)
+            self._publish(output, items)
         started = self._start_chunks()
-        return StepResult(len(items), len(output), started, len(closed))
+        refs = [o for o in output if isinstance(o, ChunkRef)]
+        emitted = len(output) - len(refs) + sum(r.emitted for r in refs)
+        return StepResult(len(items), emitted, started, len(refs))
 
-    def _publish(
-        self, output: list[ChangeEvent], closed: list[ClosedChunk], items: list[LogItem]
-    ) -> None:
+    def _placed(self, dumped: DumpedRows) -> ChunkRef:
+        """A closed chunk as the spool holds it: which of its file's rows the window dropped."""
+        rows: ChunkRows = dumped.rows
+        folder, drops = rows.folder, self.files.dropped(rows.folder, dumped.changed)
+        if not dumped.selected:
+            self.files.delete(folder)  # nothing to read back
+            folder = ""
+        return ChunkRef(
+            str(dumped.table),
+            dumped.chunk_id,
+            dumped.dump_id,
+            folder,
+            str(dumped.position),
+            dumped.first_index,
+            dumped.selected,
+            drops,
+            dumped.ts_ms,
+            rows.key_span,
+        )
+
+    def _publish(self, output: list[Published], items: list[LogItem]) -> None:
         """Hand one step's output on; commit (:meth:`_record_commit`) once it is durable."""
         raise NotImplementedError
 
@@ -159,12 +213,12 @@ class Capture:
         if now - self._nothing_to_claim_at < IDLE_CLAIM_S:
             return 0
         started = 0
-        while self.merge.open_count() < settings.parallelism and self.executor.ready():
+        while self.executor.busy() < settings.parallelism and self.executor.ready():
             chunk = self.executor.claim(settings.chunk_size)
             if chunk is None:
                 self._nothing_to_claim_at = time.monotonic()
                 break
-            self.executor.run(chunk, settings.chunk_size)
+            self.executor.start(chunk, settings.chunk_size)
             self._last_chunk_at = time.monotonic()
             started += 1
             if settings.delay_ms:
@@ -180,9 +234,11 @@ class Capture:
             self.executor.refresh_horizon()
             self._controls_at = now
             for dump in self.store.dumps(self.config.name, ("cancelled",)):
-                self.merge.cancel_dump(dump.id)
+                self.executor.cancel_dump(dump.id)
 
     def close(self) -> None:
+        self.executor.close()
+        self.runner.close()
         if self.signals is not None:
             self.signals.close()
         self.reader.close()
@@ -206,7 +262,11 @@ class SpooledCapture(Capture):
         reader_factory: Callable[[Offset | None], ChangelogReader],
         spool: Spool,
         worker: str = "stream",
+        runner: ChunkRunner | None = None,
     ) -> None:
+        converted = spool.convert_legacy()
+        if converted:
+            log.info("%d JSON-lines spool segments rewritten as Parquet", converted)
         seqs = spool.segments()
         spool.continue_after(seqs[-1] if seqs else None)
         footers = [spool.footer(seq) for seq in seqs]
@@ -232,6 +292,9 @@ class SpooledCapture(Capture):
             resumed=bool(footers or saved),
             # chunks closed in a segment still on disk: their rows are in it
             durable={c["chunk_id"] for f in footers for c in f["closed"]},
+            runner=runner,
+            files=spool.chunks,
+            chunk_folders=[folder for f in footers for folder in f.get("chunk_folders", ())],
         )
         self.spool = spool
         self._ack_lock = threading.Lock()
@@ -239,8 +302,7 @@ class SpooledCapture(Capture):
         self._spooled_at = 0.0
         # dump rows per segment that not every sink holds yet (the dump's share of the backlog)
         self._dump_in_flight: collections.deque[tuple[int, int]] = collections.deque()
-        self._pending: list[ChangeEvent] = []
-        self._pending_closed: list[ClosedChunk] = []
+        self._pending: list[Published] = []
         self._pending_position: str | None = None
 
     def _start_chunks(self) -> int:
@@ -267,28 +329,26 @@ class SpooledCapture(Capture):
             self.reader.acknowledge(ack)
         return super().step(max_items, timeout_s)
 
-    def _publish(
-        self, output: list[ChangeEvent], closed: list[ClosedChunk], items: list[LogItem]
-    ) -> None:
+    def _publish(self, output: list[Published], items: list[LogItem]) -> None:
         """Buffer the step; write a segment when it is big or old enough.
 
         A busy log gives many small reads; one file per read would cost an fsync each and give
         Spark thousands of tiny segments. Until it is written, a crash just reads it again.
         """
         self._pending.extend(output)
-        self._pending_closed.extend(closed)
         if items:
             self._pending_position = str(items[-1].position)
         now = time.monotonic()
         age = now - self._spooled_at
-        has_data = bool(self._pending or self._pending_closed)
+        has_data = bool(self._pending)
         if len(self._pending) < SEGMENT_EVENTS and age < (
             SEGMENT_S if has_data else IDLE_SEGMENT_S
         ):
             return
         self._spooled_at = now
         self.store.check_fence()  # a deposed leader must not add to the new one's spool
-        dumped = sum(1 for e in self._pending if e.chunk_id is not None)
+        refs = [r for r in self._pending if isinstance(r, ChunkRef)]
+        dumped = sum(r.emitted for r in refs)
         seq = self.spool.append(
             self._pending,
             {
@@ -296,10 +356,10 @@ class SpooledCapture(Capture):
                 "reader": self.reader.offset(),
                 "position": self._pending_position,
                 "source_ts_ms": self.source_ts_ms,
-                "closed": [closed_record(c) for c in self._pending_closed],
+                "closed": [r.closed_record() for r in refs],
             },
         )
-        self._pending, self._pending_closed = [], []
+        self._pending = []
         if dumped:
             with self._ack_lock:
                 self._dump_in_flight.append((seq, dumped))

@@ -1,10 +1,12 @@
-"""Claim the next chunk of a dump and run it: low watermark, keyset SELECT, high watermark.
+"""Claim the next chunk of a dump, send its SELECT to a runner, register it with the merge.
 
-The executor runs while the log reader is paused (same thread, between reads), so a chunk's
-window is registered with the merge before the log items that could fall inside it are fed; the
-changes fed before it are judged from the merge's memory. How the window is bounded is the
-watermark strategy's business (:mod:`~airflow_dblog.engine.watermarks`, one class per mode and
-source kind).
+A chunk runs in three parts (:mod:`~airflow_dblog.engine.watermarks`): the strategy opens it on
+the driver (MySQL's ``table`` mode registers its window and writes the low watermark), the
+runner selects it where it runs (a Spark executor) into its chunk file, and once the runner
+is done the driver registers the window if it was not yet, tells the merge the rows are ready
+and writes the high watermark. The capture thread reads the log all the while: a window
+registered after the log went past its SELECT judges those changes from the merge's memory,
+which is kept back to a horizon read before the oldest SELECT in flight was sent.
 
 A table's upper key bound is read here, by the stream, when its first chunk is cut: only then is
 the stream's log position durable, so any row beyond the bound is in the log. An error that
@@ -16,14 +18,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from airflow_dblog.core.events import TableId
 from airflow_dblog.core.keys import from_json, to_json
-from airflow_dblog.core.merge import HistoryLost, WatermarkMerge
+from airflow_dblog.core.merge import HistoryLost, Seen, WatermarkMerge
+from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRows, ChunkSelected
+from airflow_dblog.engine.chunk_runner import ChunkRunner
+from airflow_dblog.engine.chunk_task import ChunkTask, error_of
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.metadata.models import Chunk, DumpTable
-from airflow_dblog.engine.watermarks import Rows, Selection, WatermarkStrategy
+from airflow_dblog.engine.watermarks import Opened, Selection, WatermarkStrategy
 from airflow_dblog.errors import DblogError, FencedError, MetadataError, SourceError
 from airflow_dblog.sources.base import Key, Source, TableSchema
 
@@ -31,6 +39,20 @@ log = logging.getLogger(__name__)
 
 RESELECT_ATTEMPTS = 3
 HISTORY_RETRY_S = 1.0  # wait before a chunk whose window cannot be judged yet is tried again
+
+
+@dataclass
+class _InFlight:
+    """A chunk whose SELECT was sent and is not done yet."""
+
+    chunk: Chunk
+    task: ChunkTask
+    opened: Opened
+    future: Future[ChunkSelected]
+    horizon: Callable[[Seen], bool] | None  # read before it was sent
+    known: TableSchema  # the table's schema before the SELECT
+    attempt: int
+    discarded: bool = False  # its dump was cancelled or failed meanwhile
 
 
 class ChunkExecutor:
@@ -42,22 +64,33 @@ class ChunkExecutor:
         stream: str,
         strategy: WatermarkStrategy[Any],
         worker: str,
+        runner: ChunkRunner,
+        files: ChunkFiles,
+        url: str,
     ) -> None:
         self.source, self.store, self.merge = source, store, merge
         self.stream, self.strategy, self.worker = stream, strategy, worker
+        self.runner, self.files, self._url = runner, files, url
         self._schemas: dict[TableId, TableSchema] = {}  # as described after the last chunk
+        self._in_flight: dict[int, _InFlight] = {}  # in the order they were sent
         self._retry_at = 0.0
 
     def refresh_horizon(self) -> None:
-        """Forget remembered changes that no later window can need."""
-        if self.strategy.history:
-            horizon = self.strategy.horizon()
-            if horizon is not None:
-                self.merge.forget(horizon)
+        """Forget remembered changes that no window, registered now or later, can need.
+
+        A SELECT in flight will register its window later; its snapshot may be older than a
+        horizon read now, so while one runs the horizon read before the oldest was sent holds.
+        """
+        if not self.strategy.history:
+            return
+        oldest = next(iter(self._in_flight.values()), None)
+        horizon = self.strategy.horizon() if oldest is None else oldest.horizon
+        if horizon is not None:
+            self.merge.forget(horizon)
 
     def ready(self) -> bool:
         """Whether a chunk may start now: its window must be able to judge the past."""
-        if time.monotonic() < self._retry_at:
+        if not self.runner.ready or time.monotonic() < self._retry_at:
             return False
         if self.strategy.history and not self.merge.remembers_all:
             self.refresh_horizon()
@@ -65,6 +98,14 @@ class ChunkExecutor:
                 self._retry_at = time.monotonic() + HISTORY_RETRY_S
                 return False
         return True
+
+    def busy(self) -> int:
+        """Chunks started and not closed: SELECTs in flight and windows open."""
+        return len(set(self._in_flight) | self.merge.open_ids())
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
 
     def claim(self, chunk_size: int) -> Chunk | None:
         """The oldest runnable dump's next chunk: requeued or key-list chunks first."""
@@ -117,22 +158,126 @@ class ChunkExecutor:
         log.info("dump %s: %s bounded at key %s", table.dump_id, table_id, max_key)
         return self.store.set_table_bound(table.id, None if max_key is None else to_json(max_key))
 
-    def run(self, chunk: Chunk, chunk_size: int) -> int:
-        """Execute a claimed chunk and register it with the merge; returns the rows selected.
+    # -------------------------------------------------------------------------- running
 
-        Errors that belong to the chunk fail its dump (and return 0); a source that stopped
-        answering, a metadata outage or a lost lease stop the stream as before.
-        """
+    def start(self, chunk: Chunk, chunk_size: int) -> None:
+        """Send a claimed chunk's SELECT; it runs while the log is read. A chunk's own error
+        fails its dump; a source that stopped answering, a metadata outage or a lost lease stop
+        the stream."""
         try:
-            return self._run(chunk, chunk_size)
-        except HistoryLost as err:
-            log.warning("chunk %s#%s: %s", chunk.table_name, chunk.seq, err)
-            self.store.requeue_chunk(chunk.id)
-            self._retry_at = time.monotonic() + HISTORY_RETRY_S
-            return 0
+            table = TableId.parse(chunk.table_name)
+            known = self._schemas.get(table) or self.source.describe(table)
+            self._send(chunk, self._selection(table, chunk, chunk_size), known, 1)
         except DblogError as err:
             self._fail_if_own(chunk.dump_id, f"chunk {chunk.table_name}#{chunk.seq}", err)
-            return 0
+
+    def _send(self, chunk: Chunk, selection: Selection, known: TableSchema, attempt: int) -> None:
+        horizon = self.strategy.horizon() if self.strategy.history else None
+        task = ChunkTask(
+            chunk.id,
+            ChunkFiles.new_folder(chunk.id),
+            selection.table,
+            type(self.strategy),
+            self.source.kind,
+            self._url,
+            self.source.lineage_epoch,
+            selection.lower,
+            selection.upper,
+            selection.limit,
+            selection.keys,
+        )
+        opened = self.strategy.open(
+            lambda window: self.merge.open_chunk(chunk.id, chunk.dump_id, selection.table, window)
+        )
+        future = self.runner.submit(task)
+        self._in_flight[chunk.id] = _InFlight(chunk, task, opened, future, horizon, known, attempt)
+
+    def poll(self) -> int:
+        """Register the chunks whose SELECT is done (before the log is fed further)."""
+        done = [f for f in self._in_flight.values() if f.future.done()]
+        for flight in done:
+            del self._in_flight[flight.chunk.id]
+            chunk = flight.chunk
+            try:
+                self._finish(flight)
+            except HistoryLost as err:
+                log.warning("chunk %s#%s: %s", chunk.table_name, chunk.seq, err)
+                self._drop(flight)
+                self.store.requeue_chunk(chunk.id)
+                self._retry_at = time.monotonic() + HISTORY_RETRY_S
+            except DblogError as err:
+                self._drop(flight)
+                self._fail_if_own(chunk.dump_id, f"chunk {chunk.table_name}#{chunk.seq}", err)
+        return len(done)
+
+    def _drop(self, flight: _InFlight) -> None:
+        self.merge.cancel_chunk(flight.chunk.id)
+        self.files.delete(flight.task.folder)
+
+    def _finish(self, flight: _InFlight) -> None:
+        """The rows are in the chunk file: window, rows, high watermark; then the table is
+        described again. If its schema changed since the SELECT was sent, the ALTER may lie
+        inside the window, where rows of the old shape would land after the change, so the
+        chunk is selected again (its window is still open: this thread feeds the merge). A
+        changed primary key fails the dump: its chunks and cursors are keyed on the old one.
+        """
+        chunk, task = flight.chunk, flight.task
+        selected = flight.future.result()  # a failed Spark job stops the stream
+        if flight.discarded:
+            self._drop(flight)
+            return
+        error = error_of(selected)
+        if error is not None:
+            raise error
+        window = self.strategy.window(flight.opened, selected.info)
+        if window is not None:
+            self.merge.open_chunk(chunk.id, chunk.dump_id, task.table, window)
+        self.merge.rows_ready(chunk.id, selected.count, ChunkRows(task.folder, selected.key_span))
+        self.strategy.finish(flight.opened)
+        schema = self.source.describe(task.table)
+        self._schemas[task.table] = schema
+        if schema.key != flight.known.key:
+            raise DblogError(
+                f"the primary key of {task.table} changed from ({', '.join(flight.known.key)})"
+                f" to ({', '.join(schema.key)}) during dump {chunk.dump_id}; dumps cannot follow"
+                " a key change: run a new dump of the table"
+            )
+        if schema != flight.known:
+            if flight.attempt >= RESELECT_ATTEMPTS:
+                raise DblogError(
+                    f"the schema of {task.table} changed during each of {RESELECT_ATTEMPTS}"
+                    f" selects of chunk #{chunk.seq}; retry once the ALTERs are done"
+                )
+            log.info(
+                "chunk %s#%s of dump %s: the table's schema changed while it was selected;"
+                " selecting it again (attempt %d)",
+                task.table, chunk.seq, chunk.dump_id, flight.attempt + 1,
+            )  # fmt: skip
+            self._drop(flight)
+            self._send(chunk, task.selection(), schema, flight.attempt + 1)
+            return
+        if (
+            chunk.keys is None
+            and selected.count == task.limit
+            and selected.last_key != chunk.upper_key
+        ):
+            # the page filled before the upper key (rows inserted since the cut, or a smaller
+            # chunk size): the rest of the range becomes its own chunk
+            assert selected.last_key is not None
+            self.store.split_chunk(chunk.id, selected.last_key)
+        self.store.mark_selected(chunk.id, selected.count)
+        self.store.record_window(chunk.id, *self.strategy.record(flight.opened))
+        log.info(
+            "chunk %s#%s of dump %s: %d rows selected (by pid %d)",
+            task.table, chunk.seq, chunk.dump_id, selected.count, selected.pid,
+        )  # fmt: skip
+
+    def cancel_dump(self, dump_id: int) -> None:
+        """Forget a dump's open windows; its SELECTs in flight are dropped when they end."""
+        self.merge.cancel_dump(dump_id)
+        for flight in self._in_flight.values():
+            if flight.chunk.dump_id == dump_id:
+                flight.discarded = True
 
     def _fail_if_own(self, dump_id: int, what: str, err: DblogError) -> None:
         """Fail the dump for an error of its own; re-raise what concerns the whole stream."""
@@ -143,65 +288,10 @@ class ChunkExecutor:
                 self.source.ping()
             except SourceError:
                 raise err from None  # the source is down, not this dump's fault
-        self.merge.cancel_dump(dump_id)
+        self.cancel_dump(dump_id)
         reason = f"{what}: {err}"
         self.store.fail(dump_id, reason)
         log.error("dump %s failed: %s", dump_id, reason)
-
-    def _run(self, chunk: Chunk, chunk_size: int) -> int:
-        """The table is described again once the window is closed: if its schema changed since
-        the last chunk, the ALTER may lie between the SELECT and the high watermark, where rows
-        of the old shape would land after the change, so the chunk is selected again. A changed
-        primary key fails the dump: its chunks and cursors are keyed on the old one.
-        """
-        table = TableId.parse(chunk.table_name)
-        known = self._schemas.get(table) or self.source.describe(table)
-        for attempt in range(1, RESELECT_ATTEMPTS + 1):
-            rows = self._select_in_window(self._selection(table, chunk, chunk_size), chunk)
-            schema = self.source.describe(table)
-            self._schemas[table] = schema
-            if schema.key != known.key:
-                raise DblogError(
-                    f"the primary key of {table} changed from ({', '.join(known.key)}) to"
-                    f" ({', '.join(schema.key)}) during dump {chunk.dump_id}; dumps cannot follow"
-                    " a key change: run a new dump of the table"
-                )
-            if schema == known:
-                break
-            log.info(
-                "chunk %s#%s of dump %s: the table's schema changed while it was selected;"
-                " selecting it again (attempt %d)",
-                table, chunk.seq, chunk.dump_id, attempt + 1,
-            )  # fmt: skip
-            self.merge.cancel_chunk(chunk.id)
-            known = schema
-        else:
-            raise DblogError(
-                f"the schema of {table} changed during each of {RESELECT_ATTEMPTS} selects of"
-                f" chunk #{chunk.seq}; retry once the ALTERs are done"
-            )
-        if (
-            chunk.keys is None
-            and len(rows) == chunk_size
-            and to_json(rows[-1][0]) != chunk.upper_key
-        ):
-            # the page filled before the upper key (rows inserted since the cut, or a smaller
-            # chunk size): the rest of the range becomes its own chunk
-            self.store.split_chunk(chunk.id, to_json(rows[-1][0]))
-        self.store.mark_selected(chunk.id, len(rows))
-        log.info(
-            "chunk %s#%s of dump %s: %d rows selected", table, chunk.seq, chunk.dump_id, len(rows)
-        )
-        return len(rows)
-
-    def _select_in_window(self, selection: Selection, chunk: Chunk) -> Rows:
-        """Select the rows inside the chunk's window and hand both to the merge."""
-        rows, window, record = self.strategy.select(selection)
-        self.merge.open_chunk(chunk.id, chunk.dump_id, selection.table, window)
-        self.merge.set_rows(chunk.id, rows)
-        self.store.record_window(chunk.id, *record)
-        self.merge.forget(window.forgettable)
-        return rows
 
     def _selection(self, table: TableId, chunk: Chunk, limit: int) -> Selection:
         if chunk.keys is not None:
@@ -215,3 +305,8 @@ class ChunkExecutor:
         if key is None:
             return None
         return tuple(self.source.coerce_key(table, from_json(key)))
+
+    def close(self) -> None:
+        for flight in self._in_flight.values():
+            flight.discarded = True
+        self._in_flight.clear()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, BinaryIO, NamedTuple, Protocol
 
 from airflow_dblog.errors import DblogError
 
@@ -47,8 +47,10 @@ class SpoolStore(Protocol):
 
     def read(self, name: str) -> bytes: ...
 
-    def head(self, name: str, size: int) -> bytes:
-        """The file's first ``size`` bytes (fewer if it is shorter)."""
+    def open(self, name: str) -> BinaryIO:
+        """The file for random access (a Parquet footer is read from its end)."""
+
+    def exists(self, name: str) -> bool: ...
 
     def delete(self, name: str) -> None: ...
 
@@ -112,9 +114,11 @@ class LocalStore:
     def read(self, name: str) -> bytes:
         return (self.dir / name).read_bytes()
 
-    def head(self, name: str, size: int) -> bytes:
-        with open(self.dir / name, "rb") as src:
-            return src.read(size)
+    def open(self, name: str) -> BinaryIO:
+        return open(self.dir / name, "rb")
+
+    def exists(self, name: str) -> bool:
+        return (self.dir / name).exists()
 
     def delete(self, name: str) -> None:
         (self.dir / name).unlink(missing_ok=True)
@@ -172,12 +176,17 @@ class ArrowStore:
         except OSError as err:
             raise self._error(f"cannot read {name} in", err) from None
 
-    def head(self, name: str, size: int) -> bytes:
+    def open(self, name: str) -> BinaryIO:
         try:
-            with self.fs.open_input_file(self._path(name)) as src:
-                return bytes(src.read_at(min(size, src.size()), 0))
+            source: BinaryIO = self.fs.open_input_file(self._path(name))
+            return source
         except OSError as err:
             raise self._error(f"cannot read {name} in", err) from None
+
+    def exists(self, name: str) -> bool:
+        from pyarrow import fs
+
+        return bool(self.fs.get_file_info(self._path(name)).type != fs.FileType.NotFound)
 
     def delete(self, name: str) -> None:
         try:
@@ -190,6 +199,15 @@ class ArrowStore:
     def _error(self, what: str, err: OSError) -> DblogError:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         return DblogError(f"{what} the spool {self.location}: {first}", self.write_hint)
+
+
+def arrow_filesystem(location: str, conf: Mapping[str, str]) -> tuple[Any, str]:
+    """The pyarrow filesystem of a local path or a URI, and the folder's path in it."""
+    from pyarrow import fs
+
+    if not is_uri(location):
+        return fs.LocalFileSystem(), str(Path(location.removeprefix("file://")).resolve())
+    return _filesystem(location, conf)
 
 
 def _filesystem(location: str, conf: Mapping[str, str]) -> tuple[Any, str]:

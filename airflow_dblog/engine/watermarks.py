@@ -2,10 +2,11 @@
 
 ``source.watermark`` in the config picks the strategy from :data:`STRATEGIES`:
 
-- ``table``: UUIDs written to ``dblog.dblog_watermarks`` before and after the SELECT; the
-  window is what the log shows between the two writes. On PostgreSQL the SELECT also reads its
-  snapshot, which judges the changes logged before the low watermark (log order is not
-  visibility order there); MySQL/MariaDB need ``binlog_order_commits`` (checked at start).
+- ``table``: UUIDs written to ``dblog.dblog_watermarks``; the high watermark, written once the
+  chunk's rows are in their file, closes the window. On MySQL/MariaDB a low watermark written
+  before the SELECT opens it (with ``binlog_order_commits``, checked at start); on PostgreSQL,
+  where log order is not visibility order, the SELECT's own snapshot judges every change
+  before the high watermark instead.
 - ``gtid`` (MySQL): executed GTID sets read before and after the SELECT (read-only). Refused on
   MariaDB, whose ``@@gtid_binlog_pos`` counts a transaction before it is visible.
 - ``snapshot``: the SELECT's own snapshot says which changes it saw (read-only and exact):
@@ -26,6 +27,7 @@ from airflow_dblog.core.merge import Seen
 from airflow_dblog.core.position import Position
 from airflow_dblog.core.window import (
     GtidWindow,
+    HighWatermarkWindow,
     PositionWindow,
     SnapshotXidWindow,
     TableWindow,
@@ -78,8 +80,25 @@ class Selection:
         return source.snapshot_select_range(self.table, self.lower, self.upper, self.limit)
 
 
+@dataclass(frozen=True)
+class Opened:
+    """What the driver did before a chunk's SELECT was sent: the window it registered already
+    (MySQL's ``table`` window must be open in the merge before its low watermark is logged)
+    and the watermark values it wrote or will write."""
+
+    window: Window | None = None
+    low: str | None = None
+    high: str | None = None
+
+
 class WatermarkStrategy(ABC, Generic[S]):
     """How one watermark mode bounds a chunk's window on one kind of source.
+
+    A chunk runs in three parts: :meth:`open` on the driver, :meth:`select` wherever the SELECT
+    runs (a Spark executor: a static method of a class importable there, on its own connection),
+    then :meth:`window` and :meth:`finish` on the driver once the rows are written. The driver
+    reads the log all along, so a window is often registered after the log went past the SELECT:
+    it judges those changes from the merge's memory.
 
     ``history``: whether its windows judge changes logged before them (the merge remembers
     recent changes only then). ``horizon`` tells which remembered changes no later window can
@@ -94,9 +113,29 @@ class WatermarkStrategy(ABC, Generic[S]):
     def check(self) -> None:
         """Start-up checks: refuse a setup in which the windows would not be exact."""
 
+    def open(self, register: Callable[[Window], None]) -> Opened:
+        """On the driver, before the SELECT is sent; ``register`` opens a window in the merge."""
+        return Opened()
+
+    @staticmethod
     @abstractmethod
-    def select(self, selection: Selection) -> tuple[Rows, Window, tuple[Any, ...]]:
-        """Run the chunk's SELECT inside its window: rows, window, what the store records."""
+    def select(source: Any, selection: Selection) -> tuple[Rows, Any]:
+        """Where the SELECT runs: the rows, and what the strategy needs to know of its snapshot
+        (picklable: it travels back from an executor)."""
+
+    @abstractmethod
+    def window(self, opened: Opened, info: Any) -> Window | None:
+        """On the driver after the SELECT: the window to register now (None: registered at
+        :meth:`open`)."""
+
+    def finish(self, opened: Opened) -> None:
+        """On the driver after the window is registered and its rows are ready (the HW write)."""
+
+    def record(self, opened: Opened) -> tuple[Any, ...]:
+        """What the metadata store records of the chunk's window."""
+        return ({"type": self.kind},)
+
+    kind: ClassVar[str] = "snapshot"
 
     def horizon(self) -> Horizon | None:
         return None
@@ -118,40 +157,79 @@ class _PostgresHorizon(WatermarkStrategy["PostgresSource"]):
         return Seen(None, (), Position.postgres(0), xid=max(xmax - 1, 0))
 
 
-class MysqlTableWatermarks(WatermarkStrategy["MysqlSource"]):
-    history = False  # binlog order is commit order: the window alone decides
+class _TableWatermarks:
+    """Both ``table`` strategies: the stream's row of the watermark table, written by the driver."""
+
+    kind: ClassVar[str] = "table"
+    source: Any
+    stream: str
+
+    def finish(self, opened: Opened) -> None:
+        assert opened.high is not None
+        self.source.write_watermark(self.stream, opened.high)
+
+    def record(self, opened: Opened) -> tuple[Any, ...]:
+        return ({"type": "table"}, opened.low, opened.high)
+
+
+class MysqlTableWatermarks(_TableWatermarks, WatermarkStrategy["MysqlSource"]):
+    """LW written, window registered, SELECT sent; HW written once the rows are in the file.
+
+    With ``binlog_order_commits`` every change logged before the LW was visible to the SELECT,
+    which started after the LW's commit returned: the window between the two alone decides.
+    """
+
+    history = False
 
     def check(self) -> None:
         self.source.ensure_watermark_table()
         self.source.check_commit_order()
 
-    def select(self, selection: Selection) -> tuple[Rows, Window, tuple[Any, ...]]:
+    def open(self, register: Callable[[Window], None]) -> Opened:
         low, high = str(uuid.uuid4()), str(uuid.uuid4())
+        window = TableWindow(low, high)
+        register(window)  # before the LW can be in the log
         self.source.write_watermark(self.stream, low)
-        rows = selection.plain(self.source)
-        self.source.write_watermark(self.stream, high)
-        return rows, TableWindow(low, high, None), ({"type": "table"}, low, high)
+        return Opened(window, low, high)
+
+    @staticmethod
+    def select(source: Any, selection: Selection) -> tuple[Rows, Any]:
+        return selection.plain(source), None
+
+    def window(self, opened: Opened, info: Any) -> Window | None:
+        return None
 
 
-class PostgresTableWatermarks(_PostgresHorizon):
+class PostgresTableWatermarks(_TableWatermarks, _PostgresHorizon):
+    """The SELECT's snapshot judges every change before the HW; the HW write closes the window.
+
+    A commit is in the WAL before it is visible, so a low watermark could not tell which
+    changes the SELECT saw; its snapshot can, wherever they lie. No LW is written.
+    """
+
     def check(self) -> None:
         self.source.ensure_watermark_table()
 
-    def select(self, selection: Selection) -> tuple[Rows, Window, tuple[Any, ...]]:
-        low, high = str(uuid.uuid4()), str(uuid.uuid4())
-        self.source.write_watermark(self.stream, low)
-        rows, info = selection.in_snapshot(self.source)
-        self.source.write_watermark(self.stream, high)
-        window = TableWindow(low, high, XidSnapshot(info.xmin, info.xmax, info.xip))
-        return rows, window, ({"type": "table"}, low, high)
+    def open(self, register: Callable[[Window], None]) -> Opened:
+        return Opened(high=str(uuid.uuid4()))
+
+    @staticmethod
+    def select(source: Any, selection: Selection) -> tuple[Rows, Any]:
+        return selection.in_snapshot(source)
+
+    def window(self, opened: Opened, info: Any) -> Window | None:
+        assert opened.high is not None
+        return HighWatermarkWindow(opened.high, XidSnapshot(info.xmin, info.xmax, info.xip))
 
 
 class PostgresSnapshotWatermarks(_PostgresHorizon):
-    def select(self, selection: Selection) -> tuple[Rows, Window, tuple[Any, ...]]:
-        rows, info = selection.in_snapshot(self.source)
+    @staticmethod
+    def select(source: Any, selection: Selection) -> tuple[Rows, Any]:
+        return selection.in_snapshot(source)
+
+    def window(self, opened: Opened, info: Any) -> Window | None:
         # every commit the snapshot saw starts below close_position; an idle heartbeat reaches it
-        window = SnapshotXidWindow(info.xmin, info.xmax, info.xip, info.close_position)
-        return rows, window, ({"type": "snapshot"},)
+        return SnapshotXidWindow(info.xmin, info.xmax, info.xip, info.close_position)
 
 
 class MariaDbSnapshotWatermarks(WatermarkStrategy["MysqlSource"]):
@@ -163,11 +241,14 @@ class MariaDbSnapshotWatermarks(WatermarkStrategy["MysqlSource"]):
                 "set source.watermark: gtid (read-only) or table",
             )
 
-    def select(self, selection: Selection) -> tuple[Rows, Window, tuple[Any, ...]]:
-        # the SELECT saw the binlog exactly up to ``at`` (after every row of the event ending
+    @staticmethod
+    def select(source: Any, selection: Selection) -> tuple[Rows, Any]:
+        return selection.in_snapshot(source)
+
+    def window(self, opened: Opened, info: Any) -> Window | None:
+        # the SELECT saw the binlog exactly up to ``info`` (after every row of the event ending
         # there): rows belong right there, and an idle server's heartbeat reaches it
-        rows, at = selection.in_snapshot(self.source)
-        return rows, PositionWindow(at, at), ({"type": "snapshot"},)
+        return PositionWindow(info, info)
 
     def horizon(self) -> Horizon | None:
         seen_upto = self.source.visible_position().log_part()
@@ -180,15 +261,21 @@ class MariaDbSnapshotWatermarks(WatermarkStrategy["MysqlSource"]):
 class GtidWatermarks(WatermarkStrategy["MysqlSource"]):
     """MySQL only. After a restart it judges only what it has read since (no GTID horizon)."""
 
+    kind: ClassVar[str] = "gtid"
+
     def check(self) -> None:
         self.source.refuse_gtid_watermarks()
 
-    def select(self, selection: Selection) -> tuple[Rows, Window, tuple[Any, ...]]:
-        low = self.source.gtid_executed()
-        rows = selection.plain(self.source)
-        high = self.source.gtid_executed()
-        window = GtidWindow.from_strings(low, high, self.source.binlog_position())
-        return rows, window, ({"type": "gtid"}, low, high)
+    @staticmethod
+    def select(source: Any, selection: Selection) -> tuple[Rows, Any]:
+        low = source.gtid_executed()
+        rows = selection.plain(source)
+        high = source.gtid_executed()
+        return rows, (low, high, source.binlog_position())
+
+    def window(self, opened: Opened, info: Any) -> Window | None:
+        low, high, close_at = info
+        return GtidWindow.from_strings(low, high, close_at)
 
     def horizon(self) -> Horizon | None:
         executed = parse_gtid_set(self.source.gtid_executed())

@@ -125,7 +125,7 @@ def quoted(name: str) -> str:
 
 @dataclass(frozen=True)
 class FrameBatch:
-    """A batch as Delta's query has it: the spool's events (``EVENT_DDL`` columns and each
+    """A batch as Delta's query has it: the spool's events (``segment.EVENT_COLUMNS`` and each
     event's segment in ``seq``), the ``db.table`` names with events, the range of the first key
     column of each table's dumped rows, and the tables with log events."""
 

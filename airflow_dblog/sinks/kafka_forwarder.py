@@ -5,7 +5,8 @@ Kafka is written by one transactional producer anyway (exactly once needs a sing
 a second or more of CPU however small, which made Kafka's latency seconds and, on a small
 machine, took the CPU the capture thread and Delta needed. The forwarder follows the spool as
 the capture thread writes it, so Kafka's latency is a segment's (a fraction of a second) and
-Kafka starts before Spark has.
+Kafka starts before Spark has. A dumped chunk's rows are read from its chunk file in batches
+where the chunk stands among the events, so memory holds a batch of rows, not a chunk.
 
 Idempotence is the sink's marker: a transaction carries its last segment, and a restarted
 forwarder sends from the segment after the committed marker. It first reports the segments
@@ -18,8 +19,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
+from airflow_dblog.engine.chunk_file import ChunkRef
+from airflow_dblog.engine.event_text import EventText
+from airflow_dblog.engine.segment import Item
 from airflow_dblog.engine.sink_progress import SinkProgress
 from airflow_dblog.engine.spool import Spool
 from airflow_dblog.sinks.kafka_sink import KafkaSink
@@ -74,18 +78,27 @@ class KafkaForwarder:
         started = time.monotonic()
         segments = [self.spool.read(seq) for seq in batch]
         footers = [segment.footer for segment in segments]
-        events = [event for segment in segments for event in segment.events]
-        if events:  # heartbeats alone need no transaction: the next one moves the marker
+        count = sum(f["events"] for f in footers)
+        if count:  # heartbeats alone need no transaction: the next one moves the marker
             self.check_fence()  # a deposed leader must not write the new one's segments
-            self.sink.write(batch[-1], map(self.sink.message, events))
+            items = (item for segment in segments for item in segment.items)
+            self.sink.write(batch[-1], map(self.sink.message, self._events(items)))
         committed = self.progress.held(self.sink.name, footers)
         closed = sum(len(f["closed"]) for f in committed)
-        if events or closed:
+        if count or closed:
             log.info(
                 "kafka: segments %d-%d, %d events in %.2f s; %d chunks completed",
                 batch[0],
                 batch[-1],
-                len(events),
+                count,
                 time.monotonic() - started,
                 closed,
             )
+
+    def _events(self, items: Iterable[Item]) -> Iterator[EventText]:
+        """The events in order, a chunk's rows read from its file where the chunk stands."""
+        for item in items:
+            if not isinstance(item, ChunkRef):
+                yield item
+            elif item.emitted:
+                yield from item.texts(self.spool.chunks)

@@ -28,7 +28,7 @@ from typing import Any
 
 from airflow_dblog.config import KafkaSinkConfig
 from airflow_dblog.core.events import TableId
-from airflow_dblog.engine.spool import EventText
+from airflow_dblog.engine.event_text import EventText
 from airflow_dblog.errors import DblogError
 from airflow_dblog.sources.base import TableSchema
 

@@ -22,8 +22,12 @@ def source_url(config: Config) -> str:
 
 
 def open_source(config: Config) -> Source:
-    url = source_url(config)
-    if config.source.type == "mysql":
+    return source_for(config.source.type, source_url(config))
+
+
+def source_for(kind: str, url: str) -> Source:
+    """A source of ``source.type`` ``kind``; it connects at its first query."""
+    if kind == "mysql":
         from airflow_dblog.sources.mysql import MysqlSource
 
         return MysqlSource(url)

@@ -3,10 +3,10 @@
 An offset is ``{"segment": N}``: everything before segment N. The planning side (on the driver)
 lists the spool through :mod:`~airflow_dblog.engine.spool_store`; a batch's rows are only its
 segment numbers, so ``read()``, which Spark runs on executors, touches no file at all. The
-batch's ``foreachBatch`` reads the segments themselves with ``spark.read.text`` (Hadoop's
-filesystem, with the session's object-store settings) and parses them on the executors
-(:func:`~airflow_dblog.spark.stream_job.segment_lines`). Offsets are plain segment numbers and
-segments are immutable, so a batch Spark re-plans after a crash reads exactly the same lines.
+batch's ``foreachBatch`` reads the segments themselves with ``spark.read.parquet`` (Hadoop's
+filesystem, with the session's object-store settings) on the executors
+(:func:`~airflow_dblog.spark.stream_job.segment_rows`). Offsets are plain segment numbers and
+segments are immutable, so a batch Spark re-plans after a crash reads exactly the same rows.
 """
 
 from __future__ import annotations

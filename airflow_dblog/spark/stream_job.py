@@ -1,8 +1,10 @@
 """The long-lived streaming job (the data plane): capture thread, spool, Spark, sinks.
 
 One process per source. A capture thread runs :class:`~airflow_dblog.engine.capture.SpooledCapture`:
-it reads the binlog/WAL, runs chunks between reads (low watermark, SELECT, high watermark),
-merges them with the log and writes each merged batch as a durable spool segment. Each sink
+it reads the binlog/WAL, sends chunk SELECTs to the executors as Spark jobs
+(:mod:`~airflow_dblog.spark.chunk_runner`: rows written by Spark into chunk files on the
+checkpoint's store), merges the chunks' windows with the log and writes each merged batch as a
+durable spool segment, a chunk's rows as a reference to its file. Each sink
 follows the spool on its own, so neither waits for the other: Kafka in a driver thread
 (:mod:`~airflow_dblog.sinks.kafka_forwarder`, one transaction per batch of segments, started before
 Spark), Delta in a Spark Structured Streaming query (checkpoint ``<checkpoint>/spark/delta``)
@@ -12,9 +14,9 @@ and the source acknowledged. A kill at any point replays at most each sink's bat
 re-plans the same segments, Kafka resends after its marker, the sinks skip what they hold, the
 capture thread resumes after the last segment.
 
-Memory on the driver is bounded by the batch size: one chunk of rows per open chunk in the
-capture, and one Kafka transaction (at most 16 MB of spool) of messages; Delta's events are
-parsed and merged on the executors.
+Memory on the driver does not grow with chunks or tables: the capture keeps the keys changed
+inside each open window, Kafka's forwarder reads chunk files in batches of rows, and Delta's
+events are read, parsed and merged on the executors.
 """
 
 from __future__ import annotations
@@ -31,8 +33,13 @@ from typing import TYPE_CHECKING, Any
 from airflow_dblog.config import Config
 from airflow_dblog.core.events import TableId
 from airflow_dblog.engine.capture import SpooledCapture
+from airflow_dblog.engine.chunk_file import POSITION_DIGITS, ChunkFiles, ChunkRef
+from airflow_dblog.engine.chunk_file import SPARK_DDL as CHUNK_DDL
+from airflow_dblog.engine.chunk_runner import LateRunner
 from airflow_dblog.engine.leader import LeaderLease
 from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.segment import EVENT_COLUMNS
+from airflow_dblog.engine.segment import SPARK_DDL as SEGMENT_DDL
 from airflow_dblog.engine.signals import SignalChannel
 from airflow_dblog.engine.sink_progress import SinkProgress
 from airflow_dblog.engine.spool import Spool, dump_bounds, logged_tables
@@ -44,6 +51,7 @@ from airflow_dblog.sinks.kafka_forwarder import KafkaForwarder
 from airflow_dblog.sinks.kafka_sink import KafkaSink
 from airflow_dblog.sources import open_reader, open_source
 from airflow_dblog.sources.base import TableSchema
+from airflow_dblog.spark.chunk_runner import SparkChunkRunner
 from airflow_dblog.spark.session import build_spark_session
 
 if TYPE_CHECKING:
@@ -55,12 +63,6 @@ log = logging.getLogger(__name__)
 DELTA_TRIGGER = "1 second"
 FORWARDED_IN_MEMORY = 50_000  # events of the newest segments (~30 MB); older ones: from disk
 _DEFAULT_MASTER = object()
-
-# The spool's event line as Spark parses it; row images stay JSON text for each sink to type.
-EVENT_DDL = (
-    "table STRING, op STRING, key STRING, position STRING, before STRING, after STRING,"
-    " ts_ms BIGINT, dump_id BIGINT, chunk_id BIGINT, unavailable ARRAY<STRING>, source STRING"
-)
 
 
 class BatchCommitter:
@@ -76,6 +78,7 @@ class BatchCommitter:
         self, sink: Sink[FrameBatch], progress: SinkProgress, store: MetadataStore, spool: Spool
     ) -> None:
         self.sink, self.progress, self.store, self.spool = sink, progress, store, spool
+        self.spark: Any = None  # the session (set by the query's start)
         # Spark reports a failed batch as a py4j traceback; the job reports this one line
         self.failure: DblogError | None = None
 
@@ -87,73 +90,98 @@ class BatchCommitter:
             raise
 
     def _commit(self, segments: DataFrame, batch_id: int) -> None:
-        from pyspark.sql import functions as F
 
         started = time.monotonic()
         self.store.check_fence()
         seqs = sorted(row["seq"] for row in segments.collect())  # a handful of numbers
         if not seqs:
             return
-        lines = segment_lines(segments.sparkSession, [self.spool.uri(seq) for seq in seqs])
-        parsed = lines.select(
-            "seq",
-            "footer",
-            F.when(F.col("footer"), F.col("line")).alias("line"),
-            F.when(~F.col("footer"), F.from_json("line", EVENT_DDL)).alias("e"),
-        ).persist()
-        try:
-            footers = [
-                json.loads(r["line"])["footer"]
-                for r in parsed.where("footer").select("line").collect()
-            ]
-            if not footers:
-                return
-            count = sum(f["events"] for f in footers)
-            if count:
-                events = parsed.where(~F.col("footer")).select("seq", "e.*")
-                tables = sorted({table for f in footers for table in f["tables"]})
-                last = max(f["seq"] for f in footers)
-                log.info(
-                    "%s batch %d: committing segments %d-%d, %d events",
-                    self.sink.name,
-                    batch_id,
-                    min(f["seq"] for f in footers),
-                    last,
-                    count,
-                )
-                batch = FrameBatch(events, tables, dump_bounds(footers), logged_tables(footers))
-                self.sink.write(last, batch)
-            committed = self.progress.held(self.sink.name, footers)
-            closed = sum(len(f["closed"]) for f in committed)
-            if count or closed:
-                log.info(
-                    "%s batch %d: segments %d-%d, %d events in %.1f s; %d chunks completed",
-                    self.sink.name,
-                    batch_id,
-                    min(f["seq"] for f in footers),
-                    max(f["seq"] for f in footers),
-                    count,
-                    time.monotonic() - started,
-                    closed,
-                )
-        finally:
-            parsed.unpersist()
+        rows = segment_rows(segments.sparkSession, [self.spool.uri(seq) for seq in seqs])
+        footers, refs = [], []
+        for r in rows.where("kind != 'event'").select("seq", "kind", "record").collect():
+            if r["kind"] == "footer":
+                footers.append(json.loads(r["record"]))
+            else:
+                refs.append((r["seq"], ChunkRef.from_record(json.loads(r["record"]))))
+        if not footers:
+            return
+        count = sum(f["events"] for f in footers)
+        if count:
+            events = rows.where("kind = 'event'").select("seq", *EVENT_COLUMNS)
+            refs = [(seq, ref) for seq, ref in refs if ref.emitted]
+            if refs:
+                events = events.unionByName(dumped_rows(self.spool.chunks, refs, events))
+            tables = sorted({table for f in footers for table in f["tables"]})
+            last = max(f["seq"] for f in footers)
+            log.info(
+                "%s batch %d: committing segments %d-%d, %d events",
+                self.sink.name,
+                batch_id,
+                min(f["seq"] for f in footers),
+                last,
+                count,
+            )
+            batch = FrameBatch(events, tables, dump_bounds(footers), logged_tables(footers))
+            self.sink.write(last, batch)
+        committed = self.progress.held(self.sink.name, footers)
+        closed = sum(len(f["closed"]) for f in committed)
+        if count or closed:
+            log.info(
+                "%s batch %d: segments %d-%d, %d events in %.1f s; %d chunks completed",
+                self.sink.name,
+                batch_id,
+                min(f["seq"] for f in footers),
+                max(f["seq"] for f in footers),
+                count,
+                time.monotonic() - started,
+                closed,
+            )
 
 
-def segment_lines(spark: Any, uris: Sequence[str]) -> DataFrame:
-    """The segments' lines as ``seq``, ``footer``, ``line``, read by the executors through
-    Hadoop's filesystem (the session's s3a/abfs/gs settings), never from the driver's disk.
-
-    Row order does not matter: the sinks order a batch's events by their positions, and the
-    footer is told apart by its text, not by being last.
-    """
+def dumped_rows(
+    files: ChunkFiles, refs: Sequence[tuple[int, ChunkRef]], events: DataFrame
+) -> DataFrame:
+    """The closed chunks' rows as events (``events``' columns), read by the executors from
+    the chunk files: each ref's rows but those its window dropped, at their positions."""
     from pyspark.sql import functions as F
 
-    return spark.read.text(list(uris)).select(
-        F.regexp_extract(F.col("_metadata.file_name"), r"^(\d+)\.", 1).cast("long").alias("seq"),
-        F.col("value").startswith('{"footer"').alias("footer"),
-        F.col("value").alias("line"),
+    spark = events.sparkSession
+    chunk_ids = [ref.chunk_id for _, ref in refs]
+    if len(set(chunk_ids)) != len(chunk_ids):
+        raise DblogError(f"a batch refers to one chunk twice: {sorted(chunk_ids)}")
+    rows = spark.read.schema(CHUNK_DDL).parquet(*[files.uri(ref.folder) for _, ref in refs])
+    meta = spark.createDataFrame(
+        [
+            (r.chunk_id, seq, r.table, r.position_prefix(), r.first, r.dump_id, r.ts_ms)
+            for seq, r in refs
+        ],
+        "chunk_id BIGINT, seq BIGINT, table STRING, prefix STRING, first BIGINT,"
+        " dump_id BIGINT, ts_ms BIGINT",
     )
+    rows = rows.join(F.broadcast(meta), "chunk_id")
+    drops = [(r.chunk_id, idx) for _, r in refs for idx in r.drops]
+    if drops:
+        dropped = spark.createDataFrame(drops, "chunk_id BIGINT, idx BIGINT")
+        rows = rows.join(F.broadcast(dropped), ["chunk_id", "idx"], "left_anti")
+    index = (F.col("first") + F.col("idx") + 1).cast("string")
+    columns = {
+        "op": F.lit("r"),
+        "position": F.concat(F.col("prefix"), F.lpad(index, POSITION_DIGITS, "0")),
+        "before": F.lit(None).cast("string"),
+        "unavailable": F.array().cast("array<string>"),
+        "source": F.lit("{}"),
+    }
+    return rows.select(*[columns.get(c, F.col(c)).alias(c) for c in events.columns])
+
+
+def segment_rows(spark: Any, uris: Sequence[str]) -> DataFrame:
+    """The segments' rows (:mod:`~airflow_dblog.engine.segment`) and each one's ``seq``, read by
+    the executors through Hadoop's filesystem (the session's s3a/abfs/gs settings), never from
+    the driver's disk. Row order does not matter: the sinks order events by their positions."""
+    from pyspark.sql import functions as F
+
+    seq = F.regexp_extract(F.col("_metadata.file_name"), r"^(\d+)\.", 1).cast("long")
+    return spark.read.schema(SEGMENT_DDL).parquet(*uris).withColumn("seq", seq)
 
 
 class Worker(threading.Thread):
@@ -200,8 +228,10 @@ def run_stream(
             FORWARDED_IN_MEMORY if config.kafka else 0,
             conf=config.spark.conf,
         )
+        # chunk SELECTs run as Spark jobs once Spark is up (driver threads without Spark)
+        runner = LateRunner() if config.delta is not None else None
         capture = SpooledCapture(
-            config, store, source, lambda offset: open_reader(config, offset), spool
+            config, store, source, lambda offset: open_reader(config, offset), spool, runner=runner
         )
         cleanup.callback(capture.close)
         schemas = {table: source.describe(table) for table in config.source.tables}
@@ -223,6 +253,8 @@ def run_stream(
             query, committer = _start_delta_query(
                 config, master, schemas, spool, progress, store, cleanup
             )
+            assert runner is not None
+            runner.runner = SparkChunkRunner(committer.spark, spool.chunks)
         log.info("stream %s running: %s -> %s", config.name, config.source.type, names)
         while not stop.is_set():
             if lease is not None:
@@ -269,6 +301,7 @@ def _start_delta_query(
     cleanup.callback(delta.close)
     delta.fence()  # a deposed leader's batch, even one under way, now commits nothing
     committer = BatchCommitter(delta, progress, store, spool)
+    committer.spark = spark
     endpoint = {k: v for k, v in config.spark.conf.items() if k == S3_ENDPOINT}  # no secrets
     query = (
         spark.readStream.format(NAME)

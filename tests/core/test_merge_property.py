@@ -15,37 +15,49 @@ commits follow binlog order, so a transaction becomes visible only with every ea
 transaction writing a row waits until the previous writer of that row is visible (row locks are
 released after it). The GTID strategies have no lag.
 
-Each chunk is executed the way the executor does it, the reader paused throughout (log feeding
-happens between chunk executions), its window registered after the SELECT, then
-``forget(window.forgettable)``:
+A chunk runs as the executor runs it (``ChunkExecutor``): the driver opens it and sends its
+SELECT (reading the source's horizon just before), the SELECT runs on an executor, and once it
+is done the driver registers the window (if it was not yet), calls ``rows_ready`` and writes the
+high watermark. The reader goes on all the while: the chunk stays in flight for a random number
+of steps (writes, log feeding, heartbeats, horizon refreshes, the other table's chunks), and the
+log is fed a random number of items more right before the window is registered, so windows are
+often registered after the log went past their SELECT, even past their end, and judge what the
+merge remembers. While a SELECT is in flight the memory is trimmed by the horizon read before
+the oldest one in flight was sent, as the executor does. Per strategy:
 
-- ``table`` (MySQL/MariaDB): write LW — with ``binlog_order_commits`` its commit makes every
-  earlier binlog transaction visible —, (writes), SELECT, (writes), write HW, register
-  ``TableWindow(low, high)``;
-- ``table-pg``: the same, the SELECT also reads its snapshot (xmin:xmax:xip, xip holding the
-  committed but invisible transactions too), registered as ``TableWindow(low, high, snapshot)``;
-- ``xid`` (PostgreSQL): snapshot and SELECT, (writes), WAL end as ``close_at``, register;
+- ``table`` (MySQL/MariaDB): register ``TableWindow(low, high)``, write LW — with
+  ``binlog_order_commits`` its commit makes every earlier binlog transaction visible —,
+  (writes), SELECT; ... ``rows_ready``, (writes), write HW. ``table-fed``: the same with the
+  reader caught up when the window is registered (nothing of the table is fed between the
+  registration and the LW);
+- ``table-pg`` (PostgreSQL): SELECT in a snapshot (xmin:xmax:xip, xip holding the committed but
+  invisible transactions too); ... register ``HighWatermarkWindow(high, snapshot)``,
+  ``rows_ready``, (writes), write HW. No LW;
+- ``xid`` (PostgreSQL): snapshot and SELECT, (writes), WAL end as ``close_at``; ... register;
 - ``gtid-mysql`` / ``gtid-mariadb``: low set, writes, SELECT, writes, high set, writes,
-  binlog position as ``close_at``, register;
+  binlog position as ``close_at``; ... register;
 - ``position`` (MariaDB): SELECT at the snapshot position (the end of the last visible
-  transaction, possibly before log items already fed to the merge), (writes), register with
-  ``close_at`` that position (as the executor does) or the binlog end.
+  transaction, possibly before log items already fed to the merge), (writes), ``close_at`` that
+  position (as the executor does) or the binlog end; ... register.
 
-A restart (when no chunk is open) replaces the merge with a fresh one whose ``unknown_past``
-stands for everything fed before, as the capture builds it; windows are refused with
-:class:`HistoryLost` until the horizon passes it (the chunk is then selected again later, as
+A restart (when no chunk is open or in flight) replaces the merge with a fresh one whose
+``unknown_past`` stands for everything fed before, as the capture builds it; windows are refused
+with :class:`HistoryLost` until the horizon passes it (the chunk is then selected again later, as
 the executor requeues it). The memory may also be bounded (``history_limit``) so that it
-overflows. Rows are sometimes supplied late (but before the reader passes the window). The
-tables start with rows that are never logged, so only the dump can bring them to the output.
+overflows, also while a SELECT is in flight. The tables start with rows that are never logged,
+so only the dump can bring them to the output. The merge never sees the rows: the simulation
+keeps them and expands each :class:`DumpedRows` as a sink does (:func:`expand`).
 
 Checked: log events come out unchanged and in order; output positions strictly increase; every
 dumped row equals the table's true value at the point of the log where it is placed; each chunk
 emits exactly its selected rows minus the keys its SELECT missed a change of that the output
-places before its rows (computed from the simulation's visibility, not from the windows);
-replaying the output converges to the final tables; every row unchanged during its table's
-dump (and not hidden by an invisible transaction when it started) is emitted exactly once as
-``r``; chunk statistics add up. The search is steered (``target``) towards SELECTs that missed
-a change the merge had already emitted: the case a window registered late must judge.
+places before its rows (computed from the simulation's visibility, not from the windows), row
+``i`` of the SELECT at ``dumped_row(first_index + i)``; chunks placed at one point number their
+rows one after the other, counting every selected row; replaying the output converges to the
+final tables; every row unchanged during its table's dump (and not hidden by an invisible
+transaction when it started) is emitted exactly once as ``r``; chunk statistics add up. The
+search is steered (``target``) towards SELECTs that missed a change the merge had already
+emitted: the case a window registered late must judge.
 """
 
 from __future__ import annotations
@@ -62,11 +74,13 @@ from hypothesis import strategies as st
 
 from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, TableId, WatermarkEvent
 from airflow_dblog.core.gtid import GtidSet, parse_gtid_set
-from airflow_dblog.core.merge import ClosedChunk, HistoryLost, Seen, WatermarkMerge
+from airflow_dblog.core.merge import DumpedRows, HistoryLost, Seen, WatermarkMerge, expand
 from airflow_dblog.core.position import Position
 from airflow_dblog.core.window import (
     GtidWindow,
+    HighWatermarkWindow,
     PositionWindow,
+    ReadOnlyWindow,
     SnapshotXidWindow,
     TableWindow,
     Window,
@@ -76,12 +90,14 @@ from airflow_dblog.core.window import (
 TABLES = (TableId("app", "a"), TableId("app", "b"))
 KEYS = 10
 UUIDS = ("3e11fa47-71ca-11e1-9e33-c80aa9429562", "aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee")
-STRATEGIES = ("table", "table-pg", "xid", "gtid-mysql", "gtid-mariadb", "position")
+MYSQL_TABLE = ("table", "table-fed")
+STRATEGIES = (*MYSQL_TABLE, "table-pg", "xid", "gtid-mysql", "gtid-mariadb", "position")
 POSTGRES = ("table-pg", "xid")
-LAGGING = ("table", "table-pg", "xid", "position")  # commits may be logged before visible
+LAGGING = (*MYSQL_TABLE, "table-pg", "xid", "position")  # commits may be logged before visible
 VISIBLE_WITHIN = 6  # steps after which a logged transaction is surely visible
 
 Row = dict[str, Any]
+Horizon = Callable[[Any], bool]
 
 
 @dataclass
@@ -90,8 +106,32 @@ class ChunkRecord:
     table: TableId
     selected: list[tuple[tuple[int], Row]]
     changed: set[int] = field(default_factory=set)  # oracle: keys the rows must not carry
-    past: set[int] = field(default_factory=set)  # keys of missed changes already fed
-    due: Callable[[LogItem, int], bool] | None = None  # rows must be supplied by then
+    past: set[int] = field(default_factory=set)  # keys of missed changes fed before registration
+
+
+@dataclass(frozen=True)
+class Handle:
+    """The ``rows`` given to the merge for a chunk: where a sink would find them."""
+
+    chunk_id: int
+
+
+@dataclass
+class Flight:
+    """A chunk whose SELECT was sent and whose window is not registered yet (or, ``table``,
+    whose rows are not ready yet): what the driver and the executor read for it."""
+
+    chunk: ChunkRecord
+    dump: Dump
+    horizon: Horizon | None  # read before the SELECT was sent
+    hidden: set[int] = field(default_factory=set)  # log indices invisible to the SELECT
+    snap: int = 0  # log length when the SELECT's snapshot was taken
+    lw: int = 0  # index of the low watermark (``table``)
+    high: str = ""  # the high watermark's value (``table``, ``table-pg``)
+    snapshot: XidSnapshot | None = None  # ``table-pg``
+    window: Window | None = None  # read-only strategies: what the executor read
+    lo: int = 0  # ``gtid``: log length when the low set was read
+    hi: int = 0  # and the high set
 
 
 @dataclass
@@ -116,6 +156,7 @@ class Dump:
     end_index: int = 0
     at_start: dict[int, Row] = field(default_factory=dict)
     hidden_at_start: set[int] = field(default_factory=set)
+    flight: int | None = None  # the chunk of this dump in flight
 
 
 class Sim:
@@ -123,7 +164,7 @@ class Sim:
         self.strategy, self.data = strategy, data
         self.pg = strategy in POSTGRES
         self.lag = strategy in LAGGING
-        self.history = strategy != "table"  # windows judge the past (the capture's rule)
+        self.history = strategy not in MYSQL_TABLE  # windows judge the past (the capture's rule)
         self.chunk_size = data.draw(st.integers(1, 4), label="chunk_size")
         self.history_limit = data.draw(st.sampled_from([0, 0, 2, 5]), label="history limit")
         self.initial: dict[TableId, dict[int, Row]] = {}
@@ -136,7 +177,7 @@ class Sim:
         self.merge = self.new_merge(resumed=False)
         self.restarts: list[int] = []  # where the output stood at each restart
         self.out: list[ChangeEvent] = []
-        self.closed: list[ClosedChunk] = []
+        self.closed: list[tuple[DumpedRows, int]] = []  # with the number of restarts before
         self.version = 0
         self.step = 0
         # MySQL-like binlog: a transaction fills [offset, offset + 10), its rows event at +5
@@ -157,9 +198,9 @@ class Sim:
         # dumps and chunks
         self.dumps = {t: Dump(t, i + 1) for i, t in enumerate(TABLES)}  # the latest per table
         self.done_dumps: list[Dump] = []
-        self.chunks: dict[int, ChunkRecord] = {}
+        self.chunks: dict[int, ChunkRecord] = {}  # registered with the merge
+        self.flights: dict[int, Flight] = {}  # SELECTs in flight, in the order they were sent
         self.next_chunk = 1
-        self.pending: dict[int, tuple[list[Any], Callable[[LogItem, int], bool]]] = {}
         self.judged = 0  # chunks whose SELECT missed a change already fed to the merge
         self.in_chunk = False
 
@@ -368,25 +409,18 @@ class Sim:
         for _ in range(n):
             if self.fed >= len(self.log):
                 return
-            item = self.log[self.fed]
-            for chunk_id, (rows, due) in list(self.pending.items()):
-                if due(
-                    item, self.fed
-                ):  # the executor supplies rows before the reader passes the window
-                    self.merge.set_rows(chunk_id, rows)
-                    del self.pending[chunk_id]
-            self.out.extend(self.merge.feed(item))
-            self.closed.extend(self.merge.pop_closed())
+            for out in self.merge.feed(self.log[self.fed]):
+                if isinstance(out, DumpedRows):
+                    # a sink's part: the chunk's rows, as the SELECT returned them
+                    assert out.rows == Handle(out.chunk_id)
+                    self.closed.append((out, len(self.restarts)))
+                    self.out.extend(expand(out, self.chunks[out.chunk_id].selected))
+                else:
+                    self.out.append(out)
             self.fed += 1
 
-    def supply(self, chunk_id: int, rows: list[Any], due: Callable[[LogItem, int], bool]) -> None:
-        if self.draw(st.booleans(), "rows later?"):
-            self.pending[chunk_id] = (rows, due)
-        else:
-            self.merge.set_rows(chunk_id, rows)
-
-    def horizon(self) -> Callable[[Any], bool] | None:
-        """The source's horizon, as the executor's strategies read it."""
+    def horizon(self) -> Horizon | None:
+        """The source's horizon now, as the executor's strategies read it."""
         if not self.history:
             return None
         if self.pg:
@@ -398,13 +432,17 @@ class Sim:
         return lambda change: change.gtid is not None and executed.contains(change.gtid)
 
     def refresh_horizon(self) -> None:
-        horizon = self.horizon()
+        """ChunkExecutor.refresh_horizon: while a SELECT is in flight, the horizon read before
+        the oldest one was sent (its window, registered later, may need what a newer one
+        would let go)."""
+        oldest = next(iter(self.flights.values()), None)
+        horizon = self.horizon() if oldest is None else oldest.horizon
         if horizon is not None:
             self.merge.forget(horizon)
 
     def restart(self) -> None:
         """The stream restarts between batches; in-flight chunks would be requeued (none here)."""
-        if self.merge.open_count() or self.pending:
+        if self.merge.open_count() or self.flights:
             return
         self.merge = self.new_merge(resumed=True)
         self.restarts.append(len(self.out))
@@ -427,16 +465,23 @@ class Sim:
             if isinstance(e, ChangeEvent) and e.table == table and keep(i)
         }
 
-    def first_at(self, start: int, limit: Position) -> int:
-        """The log index before which a window with ``close_at=limit`` closes, once the merge
-        was fed up to ``start``: every item logged later lies past ``limit``."""
+    def first_closing(self, start: int, closes: Callable[[int], bool]) -> int:
+        """The log index before which a read-only window closes once the merge was fed up to
+        ``start``: the first item from there that closes it (every item logged later does)."""
         for i in range(start, len(self.log)):
-            if self.log[i].position.log_part() >= limit.log_part():
+            if closes(i):
                 return i
         return len(self.log)
 
+    def past(self, limit: Position) -> Callable[[int], bool]:
+        return lambda i: self.log[i].position.log_part() >= limit.log_part()
+
     def advance(self, dump: Dump) -> None:
+        """The dump's next step: finish its chunk in flight, or send the next one."""
         if dump.done:
+            return
+        if dump.flight is not None:
+            self.finish(self.flights[dump.flight])
             return
         t = dump.table
         if not dump.started:  # the executor reads the bound with its first chunk
@@ -453,58 +498,43 @@ class Sim:
             self.refresh_horizon()
             if not self.merge.remembers_all and not self.draw(st.booleans(), "try anyway?"):
                 return
+        flight = self.send(dump)
+        if self.draw(st.booleans(), "SELECT done within the step?"):
+            self.finish(flight)
+
+    def send(self, dump: Dump) -> Flight:
+        """The driver opens the chunk and the SELECT runs (writes go on meanwhile)."""
+        t = dump.table
         chunk = ChunkRecord(self.next_chunk, t, [])
         self.next_chunk += 1
+        flight = Flight(chunk, dump, self.horizon())  # read before the SELECT is sent
         self.in_chunk = True
-        window = self.execute(dump, chunk)
-        self.in_chunk = False
-        if self.history and not self.merge.remembers_all and window.judges_past:
-            with pytest.raises(HistoryLost):  # requeued: the page is selected again later
-                self.merge.open_chunk(chunk.chunk_id, dump.dump_id, t, window)
-            event("a window was refused: history lost")
-            return
-        if {k[0] for k, _ in chunk.selected} & chunk.past:
-            event("the SELECT missed a change the merge had already emitted")
-            self.judged += 1
-        self.merge.open_chunk(chunk.chunk_id, dump.dump_id, t, window)
-        self.chunks[chunk.chunk_id] = chunk
-        assert chunk.due is not None
-        self.supply(chunk.chunk_id, chunk.selected, chunk.due)
-        self.merge.forget(window.forgettable)
-        self.next_page(dump, chunk)
-
-    def execute(self, dump: Dump, chunk: ChunkRecord) -> Window:
-        """The chunk's SELECT in its window, the reader paused: the window to register."""
-        t = dump.table
-        window: Window
-        if self.strategy.startswith("table"):
-            low, high = f"L{chunk.chunk_id}", f"H{chunk.chunk_id}"
-            lw = self.watermark(low)
+        if self.strategy in MYSQL_TABLE:
+            low, flight.high = f"L{chunk.chunk_id}", f"H{chunk.chunk_id}"
+            if self.strategy == "table-fed":
+                self.feed(len(self.log))
+            # registered before its LW can be in the log
+            self.merge.open_chunk(chunk.chunk_id, dump.dump_id, t, TableWindow(low, flight.high))
+            self.chunks[chunk.chunk_id] = chunk
+            flight.lw = self.watermark(low)
             self.writes(2, "writes after low")
-            hidden, snapshot = self.hidden_indices(), self.snapshot() if self.pg else None
+            flight.hidden = self.hidden_indices()
             chunk.selected = self.select(dump)
-            self.writes(2, "writes after select")
-            hw = self.watermark(high)
-            window = TableWindow(low, high, snapshot)
-            chunk.changed = self.changed_keys(t, 0, hw, lambda i: i > lw or i in hidden)
-
-            def due(item: LogItem, at: int) -> bool:
-                return isinstance(item, WatermarkEvent) and item.value == high
-
+        elif self.strategy == "table-pg":
+            flight.high = f"H{chunk.chunk_id}"
+            flight.snap, flight.hidden = len(self.log), self.hidden_indices()
+            flight.snapshot = self.snapshot()
+            chunk.selected = self.select(dump)
         elif self.strategy.startswith("gtid"):
-            hidden: set[int] = set()
-            low_set, lo = self.gtids, len(self.log)
+            low_set, flight.lo = self.gtids, len(self.log)
             self.writes(2, "writes after low")
             chunk.selected = self.select(dump)
             self.writes(2, "writes after select")
-            high_set, hi = self.gtids, len(self.log)
+            high_set, flight.hi = self.gtids, len(self.log)
             self.writes(2, "writes after high")
-            close_at = self.current()
-            window = GtidWindow(low_set, high_set, close_at)
-            chunk.changed = self.changed_keys(t, lo, hi, lambda i: True)
-            due = self.due(close_at, hi)
+            flight.window = GtidWindow(low_set, high_set, self.current())
         else:
-            snap, hidden = len(self.log), self.hidden_indices()
+            flight.snap, flight.hidden = len(self.log), self.hidden_indices()
             if self.pg:
                 s = self.snapshot()
             else:
@@ -512,24 +542,91 @@ class Sim:
             chunk.selected = self.select(dump)
             self.writes(3, "writes after snapshot")
             if self.pg:
-                close_at = self.current()
-                window = SnapshotXidWindow(s.xmin, s.xmax, s.xip, close_at)
+                flight.window = SnapshotXidWindow(s.xmin, s.xmax, s.xip, self.current())
             else:
-                close_at = start if self.draw(st.booleans(), "close at start?") else self.current()
-                window = PositionWindow(start, close_at)
-            close = self.first_at(self.fed, close_at)
-            chunk.changed = self.changed_keys(t, 0, close, lambda i: i >= snap or i in hidden)
-            due = self.due(close_at, close)
-        chunk.due = due
-        chunk.past = self.changed_keys(t, 0, self.fed, hidden.__contains__)
-        return window
+                close = start if self.draw(st.booleans(), "close at start?") else self.current()
+                flight.window = PositionWindow(start, close)
+        self.in_chunk = False
+        self.flights[chunk.chunk_id] = flight
+        dump.flight = chunk.chunk_id
+        return flight
 
-    @staticmethod
-    def due(limit: Position, index: int) -> Callable[[LogItem, int], bool]:
-        def due(item: LogItem, at: int) -> bool:
-            return at >= index or item.position.log_part() >= limit.log_part()
+    def finish(self, flight: Flight) -> None:
+        """ChunkExecutor._finish: the SELECT is done, the reader went on meanwhile; register
+        the window (unless registered at open), rows ready, then the HW."""
+        self.feed(self.draw(st.integers(0, 6), "fed before registration"))
+        chunk, dump, t = flight.chunk, flight.dump, flight.chunk.table
+        del self.flights[chunk.chunk_id]
+        dump.flight = None
+        handle, selected = Handle(chunk.chunk_id), len(chunk.selected)
+        self.in_chunk = True
+        if self.strategy in MYSQL_TABLE:
+            self.merge.rows_ready(chunk.chunk_id, selected, handle)
+            self.writes(2, "writes before high")
+            hw = self.watermark(flight.high)
+            lw, hidden = flight.lw, flight.hidden
+            chunk.changed = self.changed_keys(t, 0, hw, lambda i: i > lw or i in hidden)
+            chunk.past = self.changed_keys(t, 0, self.fed, lambda i: i > lw or i in hidden)
+            self.in_chunk = False
+            self.next_page(dump, chunk)
+            return
+        window, missed, end = self.late_window(flight)
+        if not self.merge.remembers_all:
+            with pytest.raises(HistoryLost):  # requeued: the page is selected again later
+                self.merge.open_chunk(chunk.chunk_id, dump.dump_id, t, window)
+            event("a window was refused: history lost")
+            self.in_chunk = False
+            return
+        self.merge.open_chunk(chunk.chunk_id, dump.dump_id, t, window)
+        self.merge.rows_ready(chunk.chunk_id, selected, handle)
+        self.chunks[chunk.chunk_id] = chunk
+        chunk.past = self.changed_keys(t, 0, self.fed, missed)
+        if self.strategy == "table-pg":
+            self.writes(2, "writes before high")
+            end = self.watermark(flight.high)
+        chunk.changed = self.changed_keys(t, 0, end, missed)
+        if {k[0] for k, _ in chunk.selected} & chunk.past:
+            event("the SELECT missed a change the merge had already emitted")
+            self.judged += 1
+        self.in_chunk = False
+        self.next_page(dump, chunk)
 
-        return due
+    def late_window(self, flight: Flight) -> tuple[Window, Callable[[int], bool], int]:
+        """The window registered after the SELECT, and the oracle: which log items are changes
+        the SELECT did not see (from the simulation's visibility, not the window's rules), and
+        the log index before which the output places the rows (read-only windows; the HW is
+        not written yet)."""
+        if self.strategy == "table-pg":
+            assert flight.snapshot is not None
+            window: Window = HighWatermarkWindow(flight.high, flight.snapshot)
+            end = -1  # the HW's index, once written
+        elif self.strategy.startswith("gtid"):
+            assert isinstance(flight.window, GtidWindow)
+            window, hi = flight.window, flight.hi
+            beyond = self.past(window.close_at)
+
+            def closes(i: int) -> bool:  # or a change that committed after the high set
+                return beyond(i) or (i >= hi and isinstance(self.log[i], ChangeEvent))
+
+            end = self.first_closing(self.fed, closes)
+        else:
+            assert isinstance(flight.window, (SnapshotXidWindow, PositionWindow))
+            window = flight.window
+            end = self.first_closing(self.fed, self.past(window.close_at))
+        if (
+            isinstance(window, ReadOnlyWindow)
+            and self.fed
+            and self.past(window.close_at)(self.fed - 1)
+        ):
+            event("a read-only window registered after the log passed its end")
+        lo, snap, hidden = flight.lo, flight.snap, flight.hidden
+
+        def missed(i: int) -> bool:
+            if self.strategy.startswith("gtid"):
+                return i >= lo  # no lag: every change after the low set, none before
+            return i >= snap or i in hidden
+
+        return window, missed, end
 
     def next_page(self, dump: Dump, chunk: ChunkRecord) -> None:
         if len(chunk.selected) < self.chunk_size:
@@ -594,7 +691,7 @@ def replay(events: list[ChangeEvent]) -> dict[TableId, dict[int, Row]]:
 
 def check(sim: Sim) -> None:
     out = sim.out
-    assert sim.merge.open_count() == 0 and not sim.pending
+    assert sim.merge.open_count() == 0 and not sim.flights
     assert sim.fed == len(sim.log)
 
     # log events come out unchanged, in log order, none lost
@@ -625,22 +722,44 @@ def check(sim: Sim) -> None:
             assert e.after is not None
             truth[e.table][e.key[0]] = e.after
 
-    # each chunk: exactly the selected rows whose key had no missed change before them, in order
+    # each chunk: exactly the selected rows whose key had no missed change before them, in
+    # order, row i of the SELECT at dumped_row(first_index + i)
     dumped: dict[int, list[ChangeEvent]] = {}
     for e in out:
         if e.op == "r":
             assert e.chunk_id is not None
             dumped.setdefault(e.chunk_id, []).append(e)
-    closed = {c.chunk_id: c for c in sim.closed}
+    closed = {d.chunk_id: d for d, _ in sim.closed}
+    assert len(closed) == len(sim.closed), "a chunk closed twice"
     assert set(closed) == set(sim.chunks)
     for chunk in sim.chunks.values():
-        got = [(e.key, e.after) for e in dumped.get(chunk.chunk_id, [])]
-        want = [(k, r) for k, r in chunk.selected if k[0] not in chunk.changed]
+        d = closed[chunk.chunk_id]
+        got = [(e.key, e.after, e.position) for e in dumped.get(chunk.chunk_id, [])]
+        want = [
+            (k, r, d.position.dumped_row(d.first_index + i))
+            for i, (k, r) in enumerate(chunk.selected)
+            if k[0] not in chunk.changed
+        ]
         assert got == want, f"chunk {chunk.chunk_id}: missed changes of {chunk.changed}"
-        c = closed[chunk.chunk_id]
-        assert (c.selected, c.emitted) == (len(chunk.selected), len(want))
-        assert c.dropped == c.selected - c.emitted
-        assert c.table == chunk.table
+        # statistics, as the capture records them
+        selected = {k[0] for k, _ in chunk.selected}
+        assert (d.selected, d.table) == (len(chunk.selected), chunk.table)
+        dropped = {k[0] for k in d.changed} & selected
+        assert dropped == chunk.changed & selected
+        assert d.selected - len(dropped) == len(want)
+
+    # chunks placed at one point number their rows one after the other, every selected row
+    # counted (dropped ones too: a sink drops them); a restarted merge starts again
+    for segment in range(len(sim.restarts) + 1):
+        base: Position | None = None
+        following = 0
+        for d, restarts in sim.closed:
+            if restarts != segment:
+                continue
+            same = base is not None and base.log_part() == d.position.log_part()
+            assert d.first_index == (following if same else 0)
+            if d.selected:
+                base, following = d.position, d.first_index + d.selected
 
     # convergence: the output alone rebuilds the final tables (initial rows were never logged)
     assert replay(out) == sim.state

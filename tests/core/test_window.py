@@ -8,6 +8,7 @@ from airflow_dblog.core.events import ChangeEvent, Heartbeat, TableId, Watermark
 from airflow_dblog.core.position import Position
 from airflow_dblog.core.window import (
     GtidWindow,
+    HighWatermarkWindow,
     PositionWindow,
     SnapshotXidWindow,
     TableWindow,
@@ -37,6 +38,12 @@ def test_table_window_opens_at_low_and_closes_at_high():
     assert not w.closes_at(WatermarkEvent("s", "other", Position.mysql(1, 2)))
     assert not w.closes_before(WatermarkEvent("s", "high", Position.mysql(1, 2)))
     assert w.contains(change(Position.mysql(1, 1)))
+    assert not w.judges_past  # MySQL/MariaDB only: binlog_order_commits
+    assert not w.forgettable(change(Position.mysql(1, 1)))  # no memory is kept for it anyway
+    assert w.fallback_position() is None
+    assert w.describe() == "table(low..high)"
+    with pytest.raises(TypeError):
+        TableWindow("low", "high", XidSnapshot(1, 2, frozenset()))  # type: ignore[call-arg]
     with pytest.raises(ValueError):
         TableWindow("x", "x")
     with pytest.raises(ValueError):
@@ -136,21 +143,71 @@ def test_snapshot_judges_changes_logged_before_it_and_knows_what_it_can_forget()
     assert not w.forgettable(change(Position.postgres(10)))  # no xid: keep
 
 
-def test_table_window_judges_the_past_only_with_a_snapshot():
-    """MySQL: binlog_order_commits makes everything before the LW visible; PostgreSQL: not."""
-    plain = TableWindow("lw", "hw")
-    assert not plain.judges_past and not plain.contains_past(change(Position.mysql(1, 2)))
-    snap = XidSnapshot.parse("100:105:102")
-    pg = TableWindow("lw", "hw", snap)
-    assert pg.judges_past
-    assert pg.contains_past(change(Position.postgres(1), xid=102))
-    assert not pg.contains_past(change(Position.postgres(1), xid=103))
-    assert pg.contains(change(Position.postgres(1), xid=103))  # inside LW..HW: every change
-    assert pg.forgettable(change(Position.postgres(1), xid=99))
-    assert not pg.forgettable(change(Position.postgres(1), xid=102))
+def test_table_window_counts_no_change_before_its_low_watermark():
+    """MySQL: binlog_order_commits makes everything logged before the LW visible to the SELECT,
+    which ran after the LW's commit returned. The merge asks ``contains_past`` of the changes
+    it is fed after registering the window and before its LW."""
+    w = TableWindow("lw", "hw")
+    assert not w.contains_past(change(Position.mysql(1, 2)))
+
+
+def test_snapshot_text_validation():
     for bad in ["1:2", "x:2:", "1:2:3:4", "5:4:", "5:8:9"]:
         with pytest.raises(ValueError):
             XidSnapshot.parse(bad)
+
+
+# ------------------------------------------------------------------- high watermark (pg table)
+
+
+def test_high_watermark_window_is_open_from_registration_and_closes_at_its_high_watermark():
+    w = HighWatermarkWindow("hw", XidSnapshot.parse("100:105:102"))
+    assert w.kind == "table"
+    assert w.starts_open  # no low watermark: open as soon as it is registered
+    assert not w.opens_at(WatermarkEvent("s", "hw", Position.postgres(7)))
+    assert w.closes_at(WatermarkEvent("s", "hw", Position.postgres(7)))
+    assert not w.closes_at(WatermarkEvent("s", "other", Position.postgres(7)))
+    assert not w.closes_at(Heartbeat(Position.postgres(7)))
+    assert not w.closes_before(WatermarkEvent("s", "hw", Position.postgres(7)))
+    assert not w.closes_before(Heartbeat(Position.postgres(10**9)))  # no position ends it
+    assert w.fallback_position() is None
+    assert w.describe() == "table(..hw, snapshot 100:105)"
+
+
+@pytest.mark.parametrize(
+    ("xid", "missed"),
+    [
+        (None, True),  # no xid: cannot tell
+        (99, False),  # below xmin
+        (100, False),  # xmin, finished
+        (102, True),  # in progress
+        (104, False),
+        (105, True),  # xmax
+        (7 * E32 + 101, True),  # an xid8 is taken as it is: far past xmax
+        (E32 + 101, True),
+    ],
+)
+def test_high_watermark_window_judges_by_its_snapshot_before_and_after_registration(xid, missed):
+    """A commit is in the WAL before it is visible: only the snapshot tells, wherever the
+    change lies in the log and whenever the merge read it."""
+    w = HighWatermarkWindow("hw", XidSnapshot.parse("100:105:102"))
+    assert w.judges_past
+    for at in (Position.postgres(1), Position.postgres(10**6)):
+        assert w.contains(change(at, xid=xid)) is missed
+        assert w.contains_past(change(at, xid=xid)) is missed
+
+
+def test_high_watermark_window_forgets_what_every_later_snapshot_sees():
+    w = HighWatermarkWindow("hw", XidSnapshot.parse("100:105:102"))
+    assert w.forgettable(change(Position.postgres(10), xid=99))
+    assert not w.forgettable(change(Position.postgres(10), xid=100))  # a later xmin may be 100
+    assert not w.forgettable(change(Position.postgres(10), xid=102))
+    assert not w.forgettable(change(Position.postgres(10)))  # no xid: keep
+    # 32-bit xids of a snapshot in a later epoch: widened against its xmax
+    late = HighWatermarkWindow("hw", XidSnapshot(3 * E32 + 5, 3 * E32 + 9, frozenset()))
+    assert late.forgettable(change(Position.postgres(10), xid=4))
+    assert not late.forgettable(change(Position.postgres(10), xid=5))
+    assert late.forgettable(change(Position.postgres(10), xid=E32 - 1))  # epoch 2
 
 
 # ------------------------------------------------------------------------------------- gtid

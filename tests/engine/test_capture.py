@@ -391,8 +391,9 @@ def _alter_after_first_select(
     monkeypatch: pytest.MonkeyPatch, capture: Capture, db: Db, ddl: str
 ) -> None:
     """Run ``ddl`` right after the first chunk SELECT returns, before its high watermark:
-    the one moment a real ALTER can straddle a chunk, made certain."""
-    source = capture.executor.source
+    the one moment a real ALTER can straddle a chunk, made certain. The SELECT runs on the
+    runner's own connection (a driver thread here), so the source's class is patched."""
+    kind = type(capture.executor.source)
     done: list[bool] = []
 
     def then_alter(select: Callable[..., Any]) -> Callable[..., Any]:
@@ -407,7 +408,7 @@ def _alter_after_first_select(
 
     # PostgreSQL's table watermark selects in a snapshot too (it judges the log by it)
     for name in ("select_range", "snapshot_select_range"):
-        monkeypatch.setattr(source, name, then_alter(getattr(source, name)))
+        monkeypatch.setattr(kind, name, then_alter(getattr(kind, name)))
 
 
 @pytest.mark.parametrize("change", ["add", "drop"])

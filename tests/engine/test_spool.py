@@ -1,4 +1,6 @@
-"""The spool's segment files: atomic appends, footers, plain JSON values, garbage collection."""
+"""The spool's segment files: atomic appends, Parquet rows in order and the footer in the
+metadata, chunk references, plain JSON values, the conversion of JSON-lines segments of 0.2,
+garbage collection of segments and the chunk files they refer to."""
 
 from __future__ import annotations
 
@@ -8,19 +10,55 @@ import json
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.core.position import Position
-from airflow_dblog.engine.spool import Spool, dump_bounds, is_footer, logged_tables, plain_value
+from airflow_dblog.engine import segment
+from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef, encode_rows
+from airflow_dblog.engine.event_text import EventText, plain_value
+from airflow_dblog.engine.spool import Spool, chunks_beside, dump_bounds, logged_tables
 from airflow_dblog.errors import DblogError
 
+pytest.importorskip("pyarrow")  # segments are Parquet (the [spark] extra)
+
 TABLE = TableId("db", "t")
+BASE = Position.mysql(1, 9)  # where the chunks below place their rows
 
 
 def _event(offset: int) -> ChangeEvent:
     return ChangeEvent(TABLE, "c", (offset,), Position.mysql(1, offset), after={"id": offset})
+
+
+def _chunk(
+    files: ChunkFiles,
+    keys: list[object],
+    table: TableId = TABLE,
+    chunk_id: int = 1,
+    drops: tuple[int, ...] = (),
+    first: int = 0,
+) -> ChunkRef:
+    """A closed chunk whose SELECT returned rows with these (one-column) keys, in this order:
+    its chunk file written as the chunk's SELECT writes it, and the spool's reference to it."""
+    pytest.importorskip("pyarrow")
+    arrow, selected = encode_rows(chunk_id, [((k,), {"id": k}) for k in keys])
+    folder = files.new_folder(chunk_id)
+    files.write(folder, arrow)
+    return ChunkRef(
+        str(table), chunk_id, 1, folder, str(BASE), first, selected.count, drops, 1000,
+        selected.key_span,
+    )  # fmt: skip
+
+
+def _rows(spool: Spool, seq: int) -> list[dict[str, Any]]:
+    """The segment's rows as any Parquet reader sees them, in file order."""
+    import pyarrow.parquet as pq
+
+    with spool.store.open(spool.name(seq)) as source:
+        rows: list[dict[str, Any]] = pq.read_table(source).to_pylist()
+    return rows
 
 
 def test_segments_are_numbered_whole_files_with_the_footer_last(tmp_path: Path) -> None:
@@ -29,17 +67,31 @@ def test_segments_are_numbered_whole_files_with_the_footer_last(tmp_path: Path) 
     assert spool.append([_event(1), _event(2)], {"reader": {"pos": 2}, "closed": []}) == 0
     assert spool.append([], {"reader": {"pos": 3}, "closed": [{"chunk_id": 7}]}) == 1
     assert spool.segments() == [0, 1] and spool.end() == 2
-    lines = list(spool.lines(0))
-    assert [is_footer(line) for line in lines] == [False, False, True]
-    assert json.loads(lines[0])["position"] == str(Position.mysql(1, 1))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "000000000000.parquet",
+        "000000000001.parquet",
+    ]
+    assert (tmp_path / spool.name(0)).read_bytes()[:4] == b"PAR1"
+    rows = _rows(spool, 0)
+    assert [r["kind"] for r in rows] == ["event", "event", "footer"]
+    assert [r["position"] for r in rows] == [
+        str(Position.mysql(1, 1)),
+        str(Position.mysql(1, 2)),
+        None,
+    ]
+    assert json.loads(rows[-1]["record"]) == spool.footer(0)
+    assert [r["kind"] for r in _rows(spool, 1)] == ["footer"]  # a heartbeat: its footer alone
+    assert spool.read(0).items == [EventText.of(_event(1)), EventText.of(_event(2))]
     assert spool.footer(0) == {
         "reader": {"pos": 2},
         "closed": [],
         "seq": 0,
         "events": 2,
+        "dumped": 0,
         "tables": ["db.t"],
         "logged": ["db.t"],
         "dump_keys": {},
+        "chunk_folders": [],
     }
     assert spool.footer(1)["closed"] == [{"chunk_id": 7}]
     assert not list(tmp_path.glob(".*.tmp"))  # nothing half-written is left behind
@@ -112,20 +164,97 @@ def test_drop_before_deletes_only_older_segments(tmp_path: Path) -> None:
 def test_footers_say_which_tables_hold_only_dumped_rows_and_their_key_range(
     tmp_path: Path,
 ) -> None:
-    spool = Spool(tmp_path)
+    spool = Spool(tmp_path / "spool")
     other = TableId("db", "u")
-
-    def dumped(table: TableId, key: object) -> ChangeEvent:
-        return ChangeEvent(table, "r", (key,), Position.mysql(1, 9), chunk_id=1, dump_id=1)
-
-    spool.append([dumped(TABLE, 5), dumped(TABLE, 3), dumped(other, "b")], {"closed": []})
-    spool.append([dumped(TABLE, 8), dumped(other, "a"), _event(1)], {"closed": []})
-    spool.append([dumped(other, decimal.Decimal("1.5"))], {"closed": []})
+    files = spool.chunks
+    spool.append([_chunk(files, [3, 5]), _chunk(files, ["b"], other, 2)], {"closed": []})
+    spool.append([_chunk(files, [8]), _chunk(files, ["a"], other, 3), _event(1)], {"closed": []})
+    spool.append([_chunk(files, [decimal.Decimal("1.5")], other, 4)], {"closed": []})
     footers = [spool.footer(seq) for seq in spool.segments()]
+    assert footers[0]["dump_keys"] == {"db.t": [3, 5], "db.u": ["b", "b"]}
+    assert footers[2]["dump_keys"] == {"db.u": None}  # decimals are text in Spark: no order
     assert dump_bounds(footers[:1]) == {"db.t": (3, 5), "db.u": ("b", "b")}
     assert dump_bounds(footers[:2]) == {"db.t": (3, 8), "db.u": ("a", "b")}
     assert logged_tables(footers[:2]) == {"db.t"}  # db.t has a log event too
+    assert footers[1]["tables"] == ["db.t", "db.u"] and footers[1]["logged"] == ["db.t"]
     assert dump_bounds(footers) == {"db.t": (3, 8)}  # decimals are text here: no order to trust
+
+
+def test_a_table_dumped_with_int_and_str_first_keys_has_no_key_range(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool")
+    files = spool.chunks
+    spool.append([_chunk(files, [1, 2]), _chunk(files, ["x"], chunk_id=2)], {"closed": []})
+    spool.append([_chunk(files, [7], chunk_id=3)], {"closed": []})
+    mixed, alone = spool.footer(0), spool.footer(1)
+    assert mixed["dump_keys"] == {"db.t": None} and mixed["tables"] == ["db.t"]
+    assert alone["dump_keys"] == {"db.t": [7, 7]}
+    assert dump_bounds([mixed, alone]) == {} and dump_bounds([alone]) == {"db.t": (7, 7)}
+    spool.append([_chunk(files, [True], chunk_id=4)], {"closed": []})  # bools are not ints here
+    assert spool.footer(2)["dump_keys"] == {"db.t": None}
+
+
+def test_a_chunk_reference_stands_where_its_rows_belong_and_the_footer_counts_them(
+    tmp_path: Path,
+) -> None:
+    spool = Spool(tmp_path / "spool")
+    assert spool.chunks.location == str(tmp_path / "chunks") == chunks_beside(spool.location)
+    ref = _chunk(spool.chunks, [10, 11, 12, 13], drops=(1, 3), first=4)
+    empty = ChunkRef("db.t", 9, 1, "", str(BASE), 0, 0, (), 1000)  # selected nothing: no folder
+    seq = spool.append([_event(1), ref, empty, _event(2)], {"closed": [{"chunk_id": 1}]})
+    rows = _rows(spool, seq)
+    assert [r["kind"] for r in rows] == ["event", "chunk", "chunk", "event", "footer"]
+    assert [r["record"] is None for r in rows] == [True, False, False, True, False]
+    assert ChunkRef.from_record(json.loads(rows[1]["record"])) == ref
+    assert ChunkRef.from_record(json.loads(rows[2]["record"])) == empty
+    assert {r["table"] for r in rows[1:3]} == {None}  # a reference is no event: no event column
+    assert Spool(tmp_path / "spool").read(seq).items == [
+        EventText.of(_event(1)),
+        ref,
+        empty,
+        EventText.of(_event(2)),
+    ]
+    footer = spool.footer(seq)
+    assert (footer["events"], footer["dumped"]) == (4, 2)  # 2 log events, 2 of 4 rows kept
+    assert footer["chunk_folders"] == [ref.folder]
+    assert footer["tables"] == ["db.t"] and footer["dump_keys"] == {"db.t": [10, 13]}
+    assert not spool.heartbeat_only(seq)
+    # every row dropped: the chunk closes (its folder goes with the segment), no row is dumped
+    gone = _chunk(spool.chunks, ["a", "b"], TableId("db", "u"), 2, drops=(0, 1))
+    seq = spool.append([gone], {"closed": [{"chunk_id": 2}]})
+    footer = spool.footer(seq)
+    assert (footer["events"], footer["dumped"], footer["tables"]) == (0, 0, [])
+    assert footer["dump_keys"] == {} and footer["chunk_folders"] == [gone.folder]
+    assert not spool.heartbeat_only(seq)  # a chunk closed: not a heartbeat
+    assert spool.read(seq).items == [gone]
+    rows = [(t.position, t.after) for t in ref.texts(spool.chunks)]  # rows 0 and 2 of the file
+    assert rows == [
+        (str(BASE.dumped_row(4)), '{"id":10}'),
+        (str(BASE.dumped_row(6)), '{"id":12}'),
+    ]
+
+
+def test_drop_before_deletes_the_chunk_files_of_the_dropped_segments_only(
+    tmp_path: Path,
+) -> None:
+    spool = Spool(tmp_path / "spool")
+    files = spool.chunks
+    a, b, c = _chunk(files, [1]), _chunk(files, [2], chunk_id=2), _chunk(files, [3], chunk_id=3)
+    unreferenced = _chunk(files, [4], chunk_id=4).folder  # selected, its window still open
+    spool.append([a, _event(1)], {"closed": []})
+    spool.append([_event(2), b], {"closed": []})
+    spool.append([], {"closed": []})
+    spool.append([c], {"closed": []})
+    assert files.folders() == sorted([a.folder, b.folder, c.folder, unreferenced])
+    assert spool.drop_before(1) == 1
+    assert files.folders() == sorted([b.folder, c.folder, unreferenced])
+    with pytest.raises(DblogError, match="missing"):
+        files.files(a.folder)
+    # another process (a restart) learns a segment's folders from its footer
+    restarted = Spool(tmp_path / "spool")
+    assert restarted.drop_before(3) == 2 and restarted.segments() == [3]
+    assert files.folders() == sorted([c.folder, unreferenced])
+    assert spool.drop_before(4) == 1 and spool.segments() == []
+    assert files.folders() == [unreferenced]  # delete_except's, at the capture's restart
 
 
 def test_a_backlog_is_read_in_bites_of_bounded_size(
@@ -137,10 +266,13 @@ def test_a_backlog_is_read_in_bites_of_bounded_size(
     spool = Spool(tmp_path)
     for i in range(10):
         spool.append([_event(i)] * 50, {"closed": []})
-    monkeypatch.setattr(changelog_source, "MAX_BATCH_BYTES", 3 * spool.size(0))
+    three = sum(spool.size(seq) for seq in range(3))  # compressed: sizes differ by a byte or so
+    monkeypatch.setattr(changelog_source, "MAX_BATCH_BYTES", three)
     reader = changelog_source.ChangelogStreamReader(str(tmp_path))
     assert reader.latestOffset(None) == {"segment": 10}  # the first call: where the spool ends
     assert reader.latestOffset({"segment": 0}) == {"segment": 3}
+    monkeypatch.setattr(changelog_source, "MAX_BATCH_BYTES", three - 1)
+    assert reader.latestOffset({"segment": 0}) == {"segment": 2}
     assert reader.latestOffset({"segment": 9}) == {"segment": 10}
     monkeypatch.setattr(changelog_source, "MAX_BATCH_BYTES", 1)
     assert reader.latestOffset({"segment": 4}) == {"segment": 5}  # one segment, however big
@@ -169,29 +301,222 @@ def test_heartbeats_alone_wait_for_a_batch_until_they_are_old(
 
 def test_a_segment_read_from_memory_equals_the_one_read_from_disk(tmp_path: Path) -> None:
     """The Kafka forwarder takes recent segments from memory; after a restart, from the file."""
-    events = [
-        _event(1),
-        ChangeEvent(
-            TABLE,
-            "u",
-            ('ü"k', 2),
-            Position.mysql(1, 7),
-            before={"a": decimal.Decimal("1.50"), "b": None},
-            after={"a": dt.date(2024, 1, 2), "b": b"\x00"},
-            gtid="0-1-9",
-            extra={"unavailable_columns": ["c"]},
-        ),
-    ]
-    memory = Spool(tmp_path, remember_events=10)
+    memory = Spool(tmp_path / "spool", remember_events=10)
+    update = ChangeEvent(
+        TABLE,
+        "u",
+        ('ü"k', 2),
+        Position.mysql(1, 7),
+        before={"a": decimal.Decimal("1.50"), "b": None},
+        after={"a": dt.date(2024, 1, 2), "b": b"\x00"},
+        gtid="0-1-9",
+        extra={"unavailable_columns": ["c"]},
+    )
+    chunk = _chunk(memory.chunks, [1, 2], drops=(0,), first=3)
+    events = [_event(1), chunk, update]
     seq = memory.append(events, {"closed": []})
     from_memory = memory.read(seq)
-    from_disk = Spool(tmp_path).read(seq)
+    from_disk = Spool(tmp_path / "spool").read(seq)
     assert from_memory == from_disk
-    assert [json.loads(e.line()) for e in from_disk.events] == [
-        json.loads(line) for line in list(memory.lines(seq))[:-1]
-    ]
-    assert json.loads(from_disk.events[1].before) == {"a": "1.50", "b": None}
+    data = memory.store.read(memory.name(seq))
+    assert segment.encode(*from_disk) == data  # what was read is what was written, byte for byte
+    assert Spool(tmp_path / "spool").read(seq) == from_disk  # the same file read again
+    _, ref, updated = from_disk.items
+    assert isinstance(ref, ChunkRef) and ref == chunk
+    assert isinstance(updated, EventText) and updated == EventText.of(update)
+    assert json.loads(updated.before) == {"a": "1.50", "b": None}
     assert memory.read(seq) == from_disk  # taken once from memory, then from the file
+
+
+def test_the_footer_is_read_from_the_parquet_metadata_alone(tmp_path: Path) -> None:
+    """``footer`` (every Delta trigger, every restart) reads the file's end, never its rows."""
+    spool = Spool(tmp_path / "spool")
+    ref = _chunk(spool.chunks, [4, 2], drops=(1,))
+    closed = [{"chunk_id": 1, "selected": 2, "dropped": 1, "emitted": 1}]
+    seq = spool.append([_event(1), ref, _event(2)], {"reader": {"pos": 9}, "closed": closed})
+    data = spool.store.read(spool.name(seq))
+    footer = spool.footer(seq)
+    assert footer == segment.decode(data).footer == json.loads(_rows(spool, seq)[-1]["record"])
+    assert footer["closed"] == closed and footer["chunk_folders"] == [ref.folder]
+    assert (footer["events"], footer["dumped"], footer["reader"]) == (3, 1, {"pos": 9})
+    # the same file with every row page wiped: the metadata (its last bytes) still says it all
+    size = int.from_bytes(data[-8:-4], "little")  # the Parquet footer's length, then "PAR1"
+    assert data[-4:] == b"PAR1"
+    wiped = data[:4] + bytes(len(data) - 12 - size) + data[-8 - size :]
+    assert len(wiped) == len(data)
+    spool.store.create(spool.name(seq + 1), wiped)
+    assert spool.footer(seq + 1) == footer
+    with pytest.raises((OSError, ValueError)):  # the rows are gone (pyarrow: ArrowInvalid)
+        spool.read(seq + 1)
+
+
+def test_a_segment_has_the_typed_columns_of_the_arrow_schema(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    spool = Spool(tmp_path / "spool")
+    update = ChangeEvent(
+        TABLE,
+        "u",
+        (7,),
+        Position.mysql(1, 7),
+        before={"id": 7, "v": None},
+        after={"id": 7, "v": 1},
+        ts_ms=1234,
+        gtid="0-1-9",
+        extra={"unavailable_columns": ["v", "w"]},
+    )
+    dumped = ChangeEvent(
+        TABLE, "r", (8,), BASE.dumped_row(0), after={"id": 8}, ts_ms=5, dump_id=2, chunk_id=3
+    )
+    ref = _chunk(spool.chunks, [1])
+    seq = spool.append([update, ref, dumped, _event(1)], {"closed": []})
+    with spool.store.open(spool.name(seq)) as source:
+        schema = pq.read_schema(source)
+    assert schema.names == segment.arrow_schema().names
+    assert schema.remove_metadata().equals(segment.arrow_schema())
+    assert schema.metadata[segment.FOOTER_KEY] == json.dumps(spool.footer(seq)).encode()
+    ddl_names = [column.split()[0] for column in segment.SPARK_DDL.split(",")]
+    assert ddl_names == schema.names  # what Spark reads the files with
+    assert set(segment.EVENT_COLUMNS) == set(schema.names) - {"kind", "record"}
+    rows = _rows(spool, seq)
+    assert [r["kind"] for r in rows] == ["event", "chunk", "event", "event", "footer"]
+    typed = {c: rows[0][c] for c in ("before", "ts_ms", "dump_id", "chunk_id", "unavailable")}
+    assert typed == {
+        "before": '{"id":7,"v":null}',
+        "ts_ms": 1234,
+        "dump_id": None,
+        "chunk_id": None,
+        "unavailable": ["v", "w"],
+    }
+    assert json.loads(rows[0]["source"]) == {"gtid": "0-1-9"} and rows[0]["key"] == "[7]"
+    assert (rows[2]["op"], rows[2]["before"], rows[2]["dump_id"], rows[2]["chunk_id"]) == (
+        "r",
+        None,
+        2,
+        3,
+    )
+    assert (rows[3]["before"], rows[3]["unavailable"], rows[3]["source"]) == (None, None, "{}")
+    assert all(rows[i][c] is None for i in (1, 4) for c in segment.EVENT_COLUMNS)
+    assert spool.read(seq).items == [
+        EventText.of(update),
+        ref,
+        EventText.of(dumped),
+        EventText.of(_event(1)),
+    ]
+
+
+def test_the_same_input_is_the_same_bytes(tmp_path: Path) -> None:
+    """A batch Spark planned before a crash reads back the same after it: a file is never
+    rewritten, and a replayed append writes what the first one did."""
+    first, second = Spool(tmp_path / "a" / "spool"), Spool(tmp_path / "b" / "spool")
+    ref = ChunkRef("db.t", 9, 1, "000000000009-f", str(BASE), 0, 3, (1,), 1000, [1, 3])
+    for spool in (first, second):
+        spool.append([_event(1), ref, _event(2)], {"reader": {"pos": 2}, "closed": []})
+        spool.append([], {"reader": {"pos": 3}, "closed": []})
+    for seq in (0, 1):
+        data = first.store.read(first.name(seq))
+        assert second.store.read(second.name(seq)) == data
+        assert first.read(seq) == first.read(seq) == segment.decode(data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Segments of 0.2 (JSON lines): rewritten as Parquet when the stream starts
+
+
+def _legacy(events: list[ChangeEvent], footer: dict[str, Any]) -> bytes:
+    """A segment as 0.2 wrote it: a line per event (dumped rows inline), the footer last."""
+    lines = [*(EventText.of(e).line() for e in events), json.dumps({"footer": footer})]
+    return "".join(f"{line}\n" for line in lines).encode("utf-8")
+
+
+def _legacy_footer(seq: int, events: list[ChangeEvent], **fields: Any) -> dict[str, Any]:
+    """The footer fields 0.2 wrote."""
+    return {
+        "batch_id": 10 + seq,
+        "reader": {"file": "mysql-bin.000001", "pos": 100 + seq},
+        "position": str(Position.mysql(1, 100 + seq)),
+        "source_ts_ms": 1700,
+        "closed": [],
+        "seq": seq,
+        "events": len(events),
+        "tables": sorted({str(e.table) for e in events}),
+        "logged": sorted({str(e.table) for e in events if e.chunk_id is None}),
+        "dump_keys": {},
+        **fields,
+    }
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.integration)])
+def spool_location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "s3":
+        location: str = request.getfixturevalue("s3_spool_uri")
+        return location
+    return str(tmp_path / "spool")
+
+
+def test_json_lines_segments_of_0_2_are_rewritten_as_parquet(spool_location: str) -> None:
+    spool = Spool(spool_location)
+    other = TableId("db", "u")
+    dumped = ChangeEvent(
+        other, "r", (5,), BASE.dumped_row(0), after={"id": 5}, ts_ms=1000, dump_id=2, chunk_id=4
+    )
+    update = ChangeEvent(
+        TABLE,
+        "u",
+        ('ü"k',),
+        Position.mysql(1, 7),
+        before={"a": decimal.Decimal("1.50"), "b": None},
+        after={"a": dt.date(2024, 1, 2), "b": b"\x00"},
+        gtid="0-1-9",
+        extra={"unavailable_columns": ["c"]},
+    )
+    segments = [[_event(1), dumped, update, _event(2)], []]
+    closed = [{"chunk_id": 4, "selected": 1, "dropped": 0, "emitted": 1}]
+    footers = [
+        _legacy_footer(0, segments[0], dump_keys={"db.u": [5, 5]}),
+        _legacy_footer(1, segments[1], closed=closed),
+    ]
+    for seq, (events, footer) in enumerate(zip(segments, footers, strict=True)):
+        spool.store.create(f"{seq:012d}.jsonl", _legacy(events, footer))
+    assert spool.segments() == []  # not segments until converted
+    assert spool.convert_legacy() == 2
+    assert spool.segments() == [0, 1] and spool.store.list(".jsonl") == []
+    restarted = Spool(spool_location)
+    for seq, (events, footer) in enumerate(zip(segments, footers, strict=True)):
+        read = restarted.read(seq)
+        assert read.items == [EventText.of(e) for e in events]  # the same events, in order
+        assert read.footer == restarted.footer(seq) == {**footer, "chunk_folders": []}
+    assert restarted.read(0).items[1].chunk_id == "4"  # the dumped row stays an event
+    assert not restarted.heartbeat_only(0) and not restarted.heartbeat_only(1)  # a chunk closed
+    assert dump_bounds([restarted.footer(0)]) == {"db.u": (5, 5)}
+    assert logged_tables([restarted.footer(0)]) == {"db.t"}
+    data = [restarted.store.read(restarted.name(seq)) for seq in (0, 1)]
+    assert restarted.convert_legacy() == 0  # nothing left to convert
+    restarted.continue_after(restarted.segments()[-1])  # as the capture resumes
+    assert restarted.append([_event(3)], {"closed": []}) == 2  # numbering carries on
+    assert Spool(spool_location).append([], {"closed": []}) == 3
+    assert Spool(spool_location).convert_legacy() == 0
+    assert [restarted.store.read(restarted.name(seq)) for seq in (0, 1)] == data
+
+
+def test_a_conversion_interrupted_after_its_write_only_deletes_the_json_lines(
+    spool_location: str,
+) -> None:
+    """A crash between writing ``N.parquet`` and deleting ``N.jsonl``: the Parquet file is the
+    segment (the sinks may have read it already), never written again."""
+    spool = Spool(spool_location)
+    spool.append([_event(1), _event(2)], {"reader": {"pos": 2}, "closed": []})  # converted
+    before = spool.store.read(spool.name(0))
+    old = [_event(1), _event(2)]
+    spool.store.create("000000000000.jsonl", _legacy(old, _legacy_footer(0, old)))
+    later = [_event(3)]
+    spool.store.create("000000000001.jsonl", _legacy(later, _legacy_footer(1, later)))
+    spool.store.create("notes.jsonl", b"not a segment\n")
+    assert spool.convert_legacy() == 1  # segment 1; 0 was written before the crash
+    assert spool.store.read(spool.name(0)) == before  # untouched
+    assert spool.read(1).items == [EventText.of(_event(3))]
+    assert sorted(e.name for e in spool.store.list(".jsonl")) == ["notes.jsonl"]
+    assert spool.segments() == [0, 1] and spool.convert_legacy() == 0
 
 
 def test_plain_values_are_what_consumers_can_read() -> None:
@@ -217,16 +542,35 @@ def s3_spool_uri() -> str:
 def test_an_object_store_spool_holds_the_same_bytes_as_a_local_one(
     tmp_path: Path, s3_spool_uri: str
 ) -> None:
-    """One PUT per segment (no rename on object stores), read back through the same layer."""
-    events = [_event(1), _event(2)]
-    local, remote = Spool(tmp_path), Spool(s3_spool_uri)
+    """One PUT per segment (no rename on object stores), read back through the same layer;
+    the chunk files beside the spool, deleted with the segments that refer to them."""
+    local, remote = Spool(tmp_path / "spool"), Spool(s3_spool_uri)
+    assert remote.chunks.location == s3_spool_uri.removesuffix("/spool") + "/chunks"
+    arrow, selected = encode_rows(5, [((k,), {"id": k}) for k in (1, 2, 3)])
+    folder = ChunkFiles.new_folder(5)
+    ref = ChunkRef("db.t", 5, 1, folder, str(BASE), 0, selected.count, (1,), 7, selected.key_span)
+    kept = ChunkFiles.new_folder(6)
+    later = ChunkRef("db.t", 6, 1, kept, str(BASE), 3, selected.count, (), 7, selected.key_span)
+    events = [_event(1), ref, _event(2)]
     for spool in (local, remote):
+        spool.chunks.write(folder, arrow)
+        spool.chunks.write(kept, arrow)
         assert spool.append(events, {"reader": {"pos": 2}, "closed": []}) == 0
         assert spool.append([], {"reader": {"pos": 3}, "closed": []}) == 1
-        assert spool.append([_event(3)], {"closed": [{"chunk_id": 1}]}) == 2
+        assert spool.append([_event(3), later], {"closed": [{"chunk_id": 1}]}) == 2
     assert remote.segments() == [0, 1, 2] and remote.end() == 3
-    assert list(remote.lines(0)) == list(local.lines(0))
-    assert remote.store.read(remote.name(0)) == (tmp_path / local.name(0)).read_bytes()
+    for seq in (0, 1, 2):
+        local_bytes = (tmp_path / "spool" / local.name(seq)).read_bytes()
+        assert remote.store.read(remote.name(seq)) == local_bytes
+    assert remote.read(0) == local.read(0) == Spool(s3_spool_uri).read(0)
+    assert remote.footer(0) == local.footer(0)  # the metadata, read from the object's end
+    assert remote.read(0).items[1] == ref and remote.footer(0)["chunk_folders"] == [folder]
+    texts = list(ref.texts(remote.chunks))
+    assert texts == list(ref.texts(local.chunks))
+    assert [(t.key, t.position) for t in texts] == [
+        ("[1]", str(BASE.dumped_row(0))),
+        ("[3]", str(BASE.dumped_row(2))),
+    ]
     assert remote.read(2) == local.read(2) and remote.footer(1) == local.footer(1)
     assert remote.size(0) == local.size(0)
     assert remote.uri(0) == f"{s3_spool_uri}/{remote.name(0)}"  # what Spark's executors read
@@ -235,8 +579,11 @@ def test_an_object_store_spool_holds_the_same_bytes_as_a_local_one(
     late.end = lambda: 0  # type: ignore[method-assign]  # numbered before the first wrote
     with pytest.raises(DblogError, match=r"segment 0 in s3a://.* was written by another process"):
         late.append([_event(9)], {"closed": []})
-    assert list(remote.lines(0)) == list(local.lines(0))
-    assert remote.drop_before(2) == 2 and remote.segments() == [2]
+    assert remote.store.read(remote.name(0)) == local.store.read(local.name(0))  # untouched
+    assert remote.chunks.folders() == sorted([folder, kept])
+    assert Spool(s3_spool_uri).drop_before(2) == 2 and remote.segments() == [2]  # a restart's
+    assert remote.chunks.folders() == [kept]
+    assert remote.drop_before(3) == 1 and remote.chunks.folders() == []
 
 
 @pytest.mark.integration

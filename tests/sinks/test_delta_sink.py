@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import decimal
+import io
 import threading
 import time
 from pathlib import Path
@@ -15,11 +16,11 @@ import pytest
 from airflow_dblog.config import DeltaSinkConfig
 from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.core.position import Position
-from airflow_dblog.engine.spool import EventText
+from airflow_dblog.engine import segment
+from airflow_dblog.engine.event_text import EventText
 from airflow_dblog.errors import DblogError, FencedError
 from airflow_dblog.sinks.delta_sink import DeltaSink, FrameBatch, optimize, spark_type
 from airflow_dblog.sources.base import Column, TableSchema
-from airflow_dblog.spark.stream_job import EVENT_DDL
 
 pytestmark = pytest.mark.integration
 
@@ -60,6 +61,26 @@ def _event(op: str, a: int, qty: int | None, offset: int, **extra: Any) -> Chang
     )
 
 
+# the spool's event columns as Spark reads them from a segment (segment.SPARK_DDL)
+EVENT_DDL = ", ".join(
+    column.strip()
+    for column in segment.SPARK_DDL.split(",")
+    if column.split()[0] in segment.EVENT_COLUMNS
+)
+
+
+def _frame(spark: Any, events: list[ChangeEvent]) -> Any:
+    """The events as Delta's batch has them: the event rows of a spool segment, typed as the
+    segment stores them (``segment.EVENT_COLUMNS``)."""
+    import pyarrow.parquet as pq
+
+    data = segment.encode([EventText.of(e) for e in events], {})
+    rows = [r for r in pq.read_table(io.BytesIO(data)).to_pylist() if r["kind"] == "event"]
+    return spark.createDataFrame(
+        [tuple(r[c] for c in segment.EVENT_COLUMNS) for r in rows], EVENT_DDL
+    )
+
+
 @pytest.fixture
 def sink(spark: Any, tmp_path: Path) -> DeltaSink:
     return DeltaSink(spark, DeltaSinkConfig(str(tmp_path / "delta")), {TABLE: SCHEMA}, "dblog-test")
@@ -73,9 +94,7 @@ def _write(
     logged: set[str] | None = None,
 ) -> None:
     """``dump_bounds`` without ``logged``: the batch holds dumped rows alone."""
-    spark = sink.spark
-    lines = spark.createDataFrame([(EventText.of(e).line(),) for e in events], "line string")
-    frame = lines.selectExpr(f"from_json(line, '{EVENT_DDL}') AS e").select("e.*")
+    frame = _frame(sink.spark, events)
     tables = {str(e.table) for e in events}
     sink.write(batch_id, FrameBatch(frame, tables, dump_bounds or {}, logged or ()))
 
@@ -167,9 +186,7 @@ def test_a_deposed_leaders_merge_under_way_fails_when_the_new_leader_fences(
         return ts
 
     events = [_event("c", a, 1, 10 + a) for a in range(2, 12)]
-    lines = spark.createDataFrame([(EventText.of(e).line(),) for e in events], "line string")
-    frame = lines.selectExpr(f"from_json(line, '{EVENT_DDL}') AS e").select("e.*")
-    frame = frame.repartition(1).withColumn("ts_ms", slow("ts_ms"))
+    frame = _frame(spark, events).repartition(1).withColumn("ts_ms", slow("ts_ms"))
     failed: list[BaseException] = []
 
     def merge() -> None:

@@ -14,8 +14,10 @@ from services import read_committed
 from airflow_dblog.config import KafkaSinkConfig
 from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.core.position import Position
+from airflow_dblog.engine.chunk_file import ChunkRef, encode_rows
+from airflow_dblog.engine.event_text import EventText
 from airflow_dblog.engine.sink_progress import SinkProgress
-from airflow_dblog.engine.spool import EventText, Spool
+from airflow_dblog.engine.spool import Spool
 from airflow_dblog.sinks.kafka_forwarder import KafkaForwarder
 from airflow_dblog.sinks.kafka_sink import KafkaSink, MessageBuilder, topic_name
 from airflow_dblog.sources.base import Column, TableSchema
@@ -100,7 +102,7 @@ def test_batch_becomes_envelopes_with_a_tombstone_after_each_delete(
     assert updated["source"]["gtid"] == "0-1-5" and updated["source"]["connector"] == "mysql"
 
 
-def _spool_with(spool: Spool, *segments: list[ChangeEvent]) -> None:
+def _spool_with(spool: Spool, *segments: list[ChangeEvent | ChunkRef]) -> None:
     for events in segments:
         spool.append(events, {"closed": [], "reader": None, "position": None})
 
@@ -142,6 +144,69 @@ def test_a_restarted_forwarder_sends_after_the_marker_and_reports_what_kafka_hel
     values = [v["after"]["qty"] for _, v in read_committed(kafka_server.bootstrap_servers, topic)]
     assert values == [5, 6, 7, 8]
     assert again.committed_segment() == 4  # the marker is the batch's last segment
+
+
+def _chunk(spool: Spool, chunk_id: int, rows: list[tuple[int, int]], **ref: Any) -> ChunkRef:
+    """A closed chunk of rows (a, qty) with b="x": its file written, the spool's reference."""
+    pytest.importorskip("pyarrow")
+    arrow, selected = encode_rows(
+        chunk_id, [((a, "x"), {"a": a, "b": "x", "qty": qty}) for a, qty in rows]
+    )
+    folder = spool.chunks.new_folder(chunk_id)
+    spool.chunks.write(folder, arrow)
+    fields: dict[str, Any] = {"position": str(Position.mysql(1, 10)), "first": 0, "drops": ()}
+    fields.update(ref)
+    return ChunkRef(
+        str(TABLE), chunk_id, 1, folder, fields["position"], fields["first"], selected.count,
+        fields["drops"], 2000 + chunk_id, selected.key_span,
+    )  # fmt: skip
+
+
+@pytest.mark.integration  # a real broker
+def test_the_forwarder_sends_a_chunks_rows_from_its_file_where_the_chunk_stands(
+    kafka_server: Any, sink_factory: Any, tmp_path: Any
+) -> None:
+    """Rows dropped by the window are left out; the rest are placed after the watermark, among
+    the log events, in one transaction with them."""
+    spool = Spool(tmp_path / "spool")
+    dumped = _chunk(spool, 3, [(1, 50), (2, 60), (3, 70), (4, 80)], drops=(1,), first=5)
+    all_dropped = _chunk(spool, 4, [(9, 1)], drops=(0,))
+    _spool_with(
+        spool,
+        [_event("c", 1, 5, 10), dumped, _event("u", 3, 71, 11)],
+        [all_dropped],  # closes a chunk, sends nothing
+        [_event("d", 4, 80, 12)],
+    )
+    sink = sink_factory()
+    assert _forward(sink, spool) == [0, 1, 2]
+    topic = topic_name(sink.config.topic_prefix, TABLE)
+    messages = read_committed(kafka_server.bootstrap_servers, topic)
+    assert [(k["a"], v and v["op"]) for k, v in messages] == [
+        (1, "c"),
+        (1, "r"),  # idx 0, 2, 3 of the chunk; idx 1 (a=2) changed inside the window
+        (3, "r"),
+        (4, "r"),
+        (3, "u"),
+        (4, "d"),
+        (4, None),
+    ]
+    rows = [v for _, v in messages[1:4]]
+    base = Position.mysql(1, 10)
+    expected = [str(base.dumped_row(5 + idx)) for idx in (0, 2, 3)]
+    assert [v["source"]["position"] for v in rows] == expected
+    assert expected == [dumped.row_position(idx) for idx in (0, 2, 3)]
+    assert [v["after"] for v in rows] == [
+        {"a": 1, "b": "x", "qty": 50},
+        {"a": 3, "b": "x", "qty": 70},
+        {"a": 4, "b": "x", "qty": 80},
+    ]
+    assert {
+        (v["before"] is None, v["ts_ms"], v["source"]["snapshot"], v["source"]["chunk_id"])
+        for v in rows
+    } == {(True, 2003, "incremental", 3)}
+    positions = [v["source"]["position"] for _, v in messages if v]
+    assert positions == sorted(positions)  # the rows sit between the events around them
+    assert sink.committed_segment() == 2
 
 
 @pytest.mark.integration  # a real broker

@@ -11,7 +11,9 @@ takes a key back, and Kafka's read_committed topic rebuilds it.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -148,6 +150,22 @@ def _on_the_object_store(config: Config) -> Sequence[str]:
     return [i.path[len(store.root) + 1 :] for i in infos if i.type == fs.FileType.File]  # type: ignore[attr-defined]
 
 
+def _assert_selected_on_executors(log: str, driver: int) -> None:
+    """Each chunk's SELECT ran in a Python worker of a cluster executor, not in the driver's
+    process tree (an idle Python worker exits after a minute: those still there are checked
+    for their executor)."""
+    import psutil
+
+    pids = {int(m) for m in re.findall(r"rows selected \(by pid (\d+)\)", log)}
+    assert pids, "no chunk was selected in this run"
+    tree = {driver, *(p.pid for p in psutil.Process(driver).children(recursive=True))}
+    assert not pids & tree, f"chunks selected in the driver's processes {pids & tree}"
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            chain = [psutil.Process(pid), *psutil.Process(pid).parents()]
+            assert any("CoarseGrainedExecutorBackend" in " ".join(p.cmdline()) for p in chain)
+
+
 # Each case takes 2.5-5 min on this 2-core machine (a Delta commit on moto's S3 takes about a
 # minute); CI runs the kill -9 cases, which also converge with writers running.
 ALL_CASES = os.environ.get("DBLOG_CLUSTER_E2E", "").strip().lower() == "all"
@@ -209,8 +227,10 @@ def test_the_stream_on_the_cluster_with_an_object_store_checkpoint_converges(
     assert any(k.startswith("spark/delta/") for k in kept), kept
     assert not (tmp_path / "cp").exists() and not (tmp_path / "checkpoint").exists()
     spooled = [k for k in kept if k.startswith("spool/")]
-    assert "spool/000000000000.jsonl" not in spooled  # deleted once every sink held it
+    assert "spool/000000000000.parquet" not in spooled  # deleted once every sink held it
+    assert not [k for k in spooled if k.endswith(".jsonl")], spooled  # segments are Parquet
     print(f"{len(spooled)} spool segments left; {len(kept)} objects under the checkpoint")
+    _assert_selected_on_executors(_log(stream), stream.proc.pid)
     assert stream.stop() == 0
     assert counts["insert"] and counts["update"] and counts["delete"]
     assert store.progress(dump.id).rows_emitted > 0

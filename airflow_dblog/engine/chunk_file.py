@@ -1,0 +1,307 @@
+"""Chunk files: a dump chunk's rows, written where its SELECT ran, read back by each sink.
+
+A chunk's SELECT runs in a Spark task on an executor (or a driver thread when the stream runs
+no Spark); its rows go to a folder of Parquet files under ``<checkpoint>/chunks``, on whatever
+store the checkpoint is (local, ``s3a://``, ...), never through the driver. A row is the JSON text
+the spool and Kafka use (:mod:`~airflow_dblog.engine.event_text`): ``key`` (the key values as a
+JSON array), ``after`` (the row image), plus ``idx`` (its place in the SELECT's key order) and
+``mkey`` (:func:`~airflow_dblog.core.keys.match_key`, what the window's changed keys are compared
+with).
+
+When the chunk's window closes, the spool gets a :class:`ChunkRef` in the place its rows belong:
+the folder, the position the rows are placed at, and the ``idx`` of the rows to leave out (their
+key changed inside the window). Row ``idx`` becomes an ``op="r"`` event at position
+``base.dumped_row(first + idx)``; Delta's batch computes that in Spark, the Kafka forwarder in
+Python (:meth:`ChunkRef.texts`). A folder is written once and deleted with the last segment
+that refers to it, so a batch replayed after a crash reads the same rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from airflow_dblog.core.keys import match_key, to_json
+from airflow_dblog.engine.event_text import EventText, encode_json, plain_row, plain_value
+from airflow_dblog.engine.spool_store import arrow_filesystem, is_uri, join
+from airflow_dblog.errors import DblogError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from airflow_dblog.core.merge import Key, Rows
+
+SPARK_DDL = "chunk_id BIGINT, idx BIGINT, key STRING, mkey STRING, after STRING"
+POSITION_DIGITS = 20  # one coordinate of a position's text (core/position.py)
+_BATCH_ROWS = 8192  # rows per Arrow batch read back on the driver (bounded memory)
+
+
+def arrow_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field("chunk_id", pa.int64(), nullable=False),
+            pa.field("idx", pa.int64(), nullable=False),
+            pa.field("key", pa.string(), nullable=False),
+            pa.field("mkey", pa.string(), nullable=False),
+            pa.field("after", pa.string(), nullable=False),
+        ]
+    )
+
+
+@dataclass(frozen=True)
+class ChunkSelected:
+    """What a chunk's SELECT reports to the driver (the rows stay in the chunk file).
+
+    ``last_key``: the last row's key (JSON values), for splitting a page that filled early;
+    ``key_span``: the lowest and highest value of the first key column, when those compare in
+    Python as in Spark (ints, strings), so Delta can bound its MERGE; ``info``: what the SELECT's
+    snapshot saw, for its watermark strategy; ``error``: the one-line error that failed it;
+    ``pid``: the process that ran it (the log says where chunks were selected).
+    """
+
+    count: int = 0
+    last_key: list[Any] | None = None
+    key_span: list[Any] | None = None
+    info: Any = None
+    error: tuple[str, str] | None = None  # the error's class name and its one line
+    pid: int = 0
+
+
+class ChunkRows(NamedTuple):
+    """Where a selected chunk's rows are, as the merge passes them on (``DumpedRows.rows``)."""
+
+    folder: str
+    key_span: list[Any] | None
+
+
+def span(bounds: list[Any] | None, value: Any) -> list[Any] | None:
+    """``[lowest, highest]`` grown by ``value``; None once a value is not an int or a string.
+
+    Only those compare in Python as Spark compares them (decimals and times are text there).
+    """
+    if bounds is None or type(value) not in (int, str):
+        return None
+    if not bounds:
+        return [value, value]
+    if not isinstance(value, type(bounds[0])):
+        return None
+    return [min(bounds[0], value), max(bounds[1], value)]
+
+
+def encode_rows(chunk_id: int, rows: Rows, info: Any = None) -> tuple[pa.Table, ChunkSelected]:
+    """The chunk file's table for rows in SELECT order, and what the driver is told of them."""
+    import pyarrow as pa
+
+    keys: list[str] = []
+    mkeys: list[str] = []
+    afters: list[str] = []
+    first: list[Any] | None = []
+    last: Sequence[Any] | None = None
+    for key, row in rows:
+        keys.append(encode_json([plain_value(v) for v in key]))
+        mkeys.append(match_key(key))
+        afters.append(encode_json(plain_row(row)))
+        first = span(first, key[0])
+        last = key
+    n = len(keys)
+    table = pa.Table.from_arrays(
+        [
+            pa.array([chunk_id] * n, pa.int64()),
+            pa.array(range(n), pa.int64()),
+            pa.array(keys, pa.string()),
+            pa.array(mkeys, pa.string()),
+            pa.array(afters, pa.string()),
+        ],
+        schema=arrow_schema(),
+    )
+    last_key = None if last is None else to_json(last)
+    return table, ChunkSelected(n, last_key, first or None, info, pid=os.getpid())
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    import pyarrow.parquet as pq
+
+    out = io.BytesIO()
+    pq.write_table(table, out, compression="zstd")
+    return out.getvalue()
+
+
+@dataclass(frozen=True)
+class ChunkRef:
+    """A closed chunk as the spool holds it, in the place its rows belong among the events."""
+
+    table: str
+    chunk_id: int
+    dump_id: int
+    folder: str  # under <checkpoint>/chunks
+    position: str  # the base: row idx goes at Position(base).dumped_row(first + idx)
+    first: int
+    selected: int
+    drops: tuple[int, ...]  # idx of rows whose key changed inside the window
+    ts_ms: int
+    key_span: list[Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def emitted(self) -> int:
+        return self.selected - len(self.drops)
+
+    def record(self) -> str:
+        """As the spool stores it (JSON)."""
+        record = asdict(self)
+        record.pop("extra")
+        record["drops"] = list(self.drops)
+        return json.dumps(record, separators=(",", ":"))
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> ChunkRef:
+        return cls(**{**record, "drops": tuple(record["drops"])})
+
+    def position_prefix(self) -> str:
+        """A dumped row's position text is this prefix and its 20-digit last coordinate."""
+        return self.position[:-POSITION_DIGITS]
+
+    def row_position(self, idx: int) -> str:
+        return f"{self.position_prefix()}{1 + self.first + idx:0{POSITION_DIGITS}d}"
+
+    def closed_record(self) -> dict[str, Any]:
+        """What the stream records of the chunk once every sink holds it."""
+        return {
+            "chunk_id": self.chunk_id,
+            "selected": self.selected,
+            "dropped": len(self.drops),
+            "emitted": self.emitted,
+        }
+
+    def texts(self, files: ChunkFiles) -> Iterator[EventText]:
+        """The chunk's ``op="r"`` events, read from its folder in batches (Kafka's forwarder)."""
+        drops = set(self.drops)
+        ts_ms, dump_id, chunk_id = str(self.ts_ms), str(self.dump_id), str(self.chunk_id)
+        for batch in files.batches(self.folder, ("idx", "key", "after")):
+            idxs, keys, afters = (batch.column(i).to_pylist() for i in range(3))
+            for idx, key, after in zip(idxs, keys, afters, strict=True):
+                if idx in drops:
+                    continue
+                yield EventText(
+                    self.table, "r", key, self.row_position(idx), "null", after, ts_ms,
+                    dump_id, chunk_id, "[]", "{}",
+                )  # fmt: skip
+
+
+class ChunkFiles:
+    """The chunk folders under ``<checkpoint>/chunks`` as the driver sees them (``pyarrow.fs``:
+    a local directory, S3 with the stream's endpoint and the driver's credentials, ...)."""
+
+    def __init__(self, location: str, conf: Mapping[str, str] | None = None) -> None:
+        self.location = location.rstrip("/") if is_uri(location) else location
+        self._conf = dict(conf or {})
+        self._fs: Any = None
+        self._root = ""
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None:
+            self._fs, self._root = arrow_filesystem(self.location, self._conf)
+            self._fs.create_dir(self._root, recursive=True)
+        return self._fs
+
+    def _path(self, *parts: str) -> str:
+        _ = self.fs
+        return "/".join([self._root, *parts])
+
+    @staticmethod
+    def new_folder(chunk_id: int) -> str:
+        """A folder name for one SELECT of a chunk (a chunk selected again gets another)."""
+        return f"{chunk_id:012d}-{uuid.uuid4().hex[:12]}"
+
+    @staticmethod
+    def chunk_of(folder: str) -> int | None:
+        head = folder.partition("-")[0]
+        return int(head) if head.isdigit() else None
+
+    def uri(self, folder: str) -> str:
+        """The folder as Spark's filesystem layer names it (what executors read and write)."""
+        if is_uri(self.location):
+            return join(self.location, folder)
+        from pathlib import Path
+
+        return Path(join(self.location, folder)).resolve().as_uri()
+
+    def write(self, folder: str, table: pa.Table) -> None:
+        """One Parquet file, whole or not at all (a temporary name moved into place locally;
+        one PUT on an object store)."""
+        data = parquet_bytes(table)
+        self.fs.create_dir(self._path(folder), recursive=True)
+        target = self._path(folder, "part-00000.parquet")
+        if is_uri(self.location):
+            with self.fs.open_output_stream(target) as out:
+                out.write(data)
+            return
+        tmp = self._path(folder, ".part-00000.parquet.tmp")
+        with self.fs.open_output_stream(tmp) as out:
+            out.write(data)
+        self.fs.move(tmp, target)
+
+    def files(self, folder: str) -> list[str]:
+        """The folder's Parquet files (Spark's ``_SUCCESS`` and hidden files left out)."""
+        from pyarrow import fs
+
+        try:
+            infos = self.fs.get_file_info(fs.FileSelector(self._path(folder)))
+        except FileNotFoundError:
+            raise DblogError(
+                f"chunk folder {folder} is missing from {self.location}",
+                "the checkpoint lost files the spool still refers to: restore it, or start a"
+                " new stream with a full dump",
+            ) from None
+        return sorted(
+            info.path
+            for info in infos
+            if info.type == fs.FileType.File
+            and info.base_name.endswith(".parquet")
+            and not info.base_name.startswith(("_", "."))
+        )
+
+    def batches(self, folder: str, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+        import pyarrow.parquet as pq
+
+        for path in self.files(folder):
+            with self.fs.open_input_file(path) as src:
+                yield from pq.ParquetFile(src).iter_batches(_BATCH_ROWS, columns=list(columns))
+
+    def dropped(self, folder: str, changed: Iterable[Key]) -> tuple[int, ...]:
+        """``idx`` of the folder's rows whose key is among ``changed`` (read only if any)."""
+        wanted = {match_key(k) for k in changed}
+        if not wanted:
+            return ()
+        out: list[int] = []
+        for batch in self.batches(folder, ("idx", "mkey")):
+            idxs, mkeys = batch.column(0).to_pylist(), batch.column(1).to_pylist()
+            out.extend(i for i, m in zip(idxs, mkeys, strict=True) if m in wanted)
+        return tuple(sorted(out))
+
+    def folders(self) -> list[str]:
+        from pyarrow import fs
+
+        infos = self.fs.get_file_info(fs.FileSelector(self._root, allow_not_found=True))
+        return sorted(i.base_name for i in infos if i.type == fs.FileType.Directory)
+
+    def delete(self, folder: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.delete_dir(self._path(folder))
+
+    def delete_except(self, keep: Iterable[str]) -> int:
+        """Delete every folder not in ``keep`` (chunks selected before a crash, never closed)."""
+        kept = set(keep)
+        stale = [f for f in self.folders() if f not in kept]
+        for folder in stale:
+            self.delete(folder)
+        return len(stale)
