@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -169,6 +169,7 @@ class ChunkExecutor:
             known = self._schemas.get(table) or self.source.describe(table)
             self._send(chunk, self._selection(table, chunk, chunk_size), known, 1)
         except DblogError as err:
+            err = self._key_change(chunk) or err
             self._fail_if_own(chunk.dump_id, f"chunk {chunk.table_name}#{chunk.seq}", err)
 
     def _send(self, chunk: Chunk, selection: Selection, known: TableSchema, attempt: int) -> None:
@@ -228,7 +229,7 @@ class ChunkExecutor:
             return
         error = error_of(selected)
         if error is not None:
-            raise error
+            raise self._key_change(chunk) or error
         window = self.strategy.window(flight.opened, selected.info)
         if window is not None:
             self.merge.open_chunk(chunk.id, chunk.dump_id, task.table, window)
@@ -237,11 +238,7 @@ class ChunkExecutor:
         schema = self.source.describe(task.table)
         self._schemas[task.table] = schema
         if schema.key != flight.known.key:
-            raise DblogError(
-                f"the primary key of {task.table} changed from ({', '.join(flight.known.key)})"
-                f" to ({', '.join(schema.key)}) during dump {chunk.dump_id}; dumps cannot follow"
-                " a key change: run a new dump of the table"
-            )
+            raise self._key_changed(task.table, chunk.dump_id, flight.known.key, schema.key)
         if schema != flight.known:
             if flight.attempt >= RESELECT_ATTEMPTS:
                 raise DblogError(
@@ -271,6 +268,29 @@ class ChunkExecutor:
             "chunk %s#%s of dump %s: %d rows selected (by pid %d)",
             task.table, chunk.seq, chunk.dump_id, selected.count, selected.pid,
         )  # fmt: skip
+
+    def _key_change(self, chunk: Chunk) -> DblogError | None:
+        """The primary key changed since the dump was requested: that, not a key that no longer
+        fits the table, is the reason to give."""
+        table = TableId.parse(chunk.table_name)
+        try:
+            key = self.source.describe(table).key
+        except DblogError:
+            return None
+        for dumped in self.store.dump_tables(chunk.dump_id):
+            if dumped.table_name == chunk.table_name and list(dumped.key_columns) != list(key):
+                return self._key_changed(table, chunk.dump_id, dumped.key_columns, key)
+        return None
+
+    @staticmethod
+    def _key_changed(
+        table: TableId, dump_id: int, was: Sequence[str], now: Sequence[str]
+    ) -> DblogError:
+        return DblogError(
+            f"the primary key of {table} changed from ({', '.join(was)}) to ({', '.join(now)})"
+            f" during dump {dump_id}; dumps cannot follow a key change: run a new dump of the"
+            " table"
+        )
 
     def cancel_dump(self, dump_id: int) -> None:
         """Forget a dump's open windows; its SELECTs in flight are dropped when they end."""
