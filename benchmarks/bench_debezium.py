@@ -38,7 +38,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -50,7 +49,7 @@ from typing import Any
 
 import pymysql
 from bench_binlog_reader import write_rows
-from bench_stream import plain_select_rows_per_s
+from bench_stream import plain_select_rows_per_s, stop
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
@@ -228,16 +227,6 @@ def probe_until_seen(
         return topic in watch.first_at
 
     wait_for(f"a probe row on {topic}", seen, proc, log)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def debezium_properties(

@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,7 @@ from typing import Any
 
 import pymysql
 from bench_binlog_reader import write_rows
-from bench_stream import plain_select_rows_per_s, process_tree, rss_of_tree
+from bench_stream import plain_select_rows_per_s, process_tree, rss_of_tree, stop
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
@@ -136,11 +135,7 @@ spark: {{master: "{master}", conf: {{spark.ui.enabled: false}}}}
         }
     finally:
         peaks.stop.set()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         log.close()
         shutil.rmtree(work, ignore_errors=True)
         if not data.startswith("s3a://"):

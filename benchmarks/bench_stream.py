@@ -53,6 +53,17 @@ PORT = os.environ.get("DBLOG_MYSQL_PORT", "3306")
 KAFKA = f"127.0.0.1:{os.environ.get('DBLOG_KAFKA_PORT', '9092')}"
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, as a supervisor stops the job; SIGKILL after 60 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def process_tree(pid: int) -> list[int]:
     """``pid`` and all its descendants (the driver, its JVM, Python workers), parents first."""
     found, todo = [], [pid]
@@ -451,11 +462,7 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
     finally:
         sampler.stop.set()
         probe.stop.set()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         with conn.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
         conn.close()
