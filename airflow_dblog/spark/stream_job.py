@@ -78,7 +78,6 @@ class BatchCommitter:
         self, sink: Sink[FrameBatch], progress: SinkProgress, store: MetadataStore, spool: Spool
     ) -> None:
         self.sink, self.progress, self.store, self.spool = sink, progress, store, spool
-        self.spark: Any = None  # the session (set by the query's start)
         # Spark reports a failed batch as a py4j traceback; the job reports this one line
         self.failure: DblogError | None = None
 
@@ -90,7 +89,6 @@ class BatchCommitter:
             raise
 
     def _commit(self, segments: DataFrame, batch_id: int) -> None:
-
         started = time.monotonic()
         self.store.check_fence()
         seqs = sorted(row["seq"] for row in segments.collect())  # a handful of numbers
