@@ -114,8 +114,7 @@ class Spool:
             self._next = seq + 1
         with self._lock:
             self._folders[seq] = footer["chunk_folders"]
-        if self._remember:
-            with self._lock:
+            if self._remember:
                 self._recent[seq] = Segment(texts, footer)
                 self._recent_events += len(texts)
                 while self._recent_events > self._remember and len(self._recent) > 1:
