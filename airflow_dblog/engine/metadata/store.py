@@ -7,6 +7,7 @@ state machine of a dump lives in one place.
 
 from __future__ import annotations
 
+import fcntl
 import math
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -19,7 +20,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config as AlembicConfig
 from sqlalchemy import create_engine, func, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -36,6 +37,10 @@ from airflow_dblog.errors import FencedError, MetadataError
 from airflow_dblog.redact import redact
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+_SESSION_LOCKS = {  # dialect -> (take, release) of a lock held by the connection's session
+    "postgresql": ("SELECT pg_advisory_lock(4313651395)", "SELECT pg_advisory_unlock(4313651395)"),
+    "mysql": ("SELECT GET_LOCK('dblog_migrate', 600)", "SELECT RELEASE_LOCK('dblog_migrate')"),
+}
 
 # action -> (states it applies to, state it leads to)
 _TRANSITIONS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -129,6 +134,32 @@ class Fence:
     alive: Callable[[], None] = lambda: None
 
 
+@contextmanager
+def _migration_lock(connection: Connection) -> Iterator[None]:
+    """One migrating process at a time, held until its migrations are committed.
+
+    The stream and an Airflow task often open a new database together; unserialised, both ran
+    0001 and one failed with "table dblog_dumps already exists" (or hung on the other's locks).
+    """
+    database = connection.engine.url.database
+    if connection.dialect.name == "sqlite" and database not in (None, "", ":memory:"):
+        with open(f"{database}.migrations.lock", "a") as file:
+            fcntl.flock(file, fcntl.LOCK_EX)
+            yield
+        return
+    lock, unlock = _SESSION_LOCKS.get(connection.dialect.name, (None, None))
+    if lock is None or unlock is None:
+        yield
+        return
+    connection.exec_driver_sql(lock)
+    connection.commit()
+    try:
+        yield
+    finally:
+        connection.exec_driver_sql(unlock)
+        connection.commit()
+
+
 class MetadataStore:
     """One metadata database. ``upgrade=True`` applies pending migrations on first use.
 
@@ -151,7 +182,11 @@ class MetadataStore:
         cfg = AlembicConfig()
         cfg.set_main_option("script_location", str(MIGRATIONS))
         try:
-            with self.engine.begin() as connection:
+            with (
+                self.engine.connect() as connection,
+                _migration_lock(connection),
+                connection.begin(),
+            ):
                 cfg.attributes["connection"] = connection
                 command.upgrade(cfg, "head")
         except OperationalError as err:

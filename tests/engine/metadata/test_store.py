@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,41 @@ def test_migrations_apply_once_and_are_idempotent(store: MetadataStore) -> None:
     assert store.revision() == "0003"
     store.upgrade()
     assert store.revision() == "0003"
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.integration),
+        pytest.param("mariadb", marks=pytest.mark.integration),
+    ],
+)
+def test_processes_starting_together_migrate_a_new_database_once(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The stream and an Airflow task often open a new metadata database at the same moment.
+
+    Without a lock both ran 0001 and one failed with "table dblog_dumps already exists".
+    """
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path}/meta.db"
+    else:
+        url = request.getfixturevalue(f"{'postgres' if backend == 'postgres' else 'mysql'}_db")
+        url = url.sqlalchemy_url
+    stores = [MetadataStore(url, upgrade=False) for _ in range(4)]
+    barrier = threading.Barrier(len(stores))
+
+    def upgrade(store: MetadataStore) -> str | None:
+        barrier.wait()
+        store.upgrade()
+        return store.revision()
+
+    with ThreadPoolExecutor(len(stores)) as pool:
+        revisions = list(pool.map(upgrade, stores))
+    assert revisions == ["0003"] * len(stores)
+    for store in stores:
+        store.engine.dispose()
 
 
 def test_0003_keeps_stream_state_and_adds_the_source_time(tmp_path: Path) -> None:
