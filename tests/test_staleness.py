@@ -187,6 +187,9 @@ def test_no_key_ever_goes_back_in_delta_or_kafka(
     check_outputs(spark, config, [db], run.stream, VERSIONED_COLUMNS, version="ver")
     assert run.stream.stop() == 0
     assert counts["insert"] and counts["update"] and counts["delete"]
+    # a chunk is selected again only when a kill cut it off: at most once per kill
+    attempts = max(c.attempts for c in run.store.chunks(dump_id))
+    assert attempts <= 1 + len(case.kills), f"a chunk ran {attempts} times"
     progress = run.store.progress(dump_id)
     print(
         f"{case}: {time.monotonic() - started:.0f} s, dump {progress.rows_emitted} rows emitted,"
