@@ -38,7 +38,7 @@ from airflow_dblog.engine.chunk_file import SPARK_DDL as CHUNK_DDL
 from airflow_dblog.engine.chunk_runner import LateRunner
 from airflow_dblog.engine.leader import LeaderLease
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.segment import EVENT_COLUMNS
+from airflow_dblog.engine.segment import EVENT_COLUMNS, Footer
 from airflow_dblog.engine.segment import SPARK_DDL as SEGMENT_DDL
 from airflow_dblog.engine.signals import SignalChannel
 from airflow_dblog.engine.sink_progress import SinkProgress
@@ -94,13 +94,13 @@ class BatchCommitter:
         seqs = sorted(row["seq"] for row in segments.collect())  # a handful of numbers
         if not seqs:
             return
-        rows = segment_rows(segments.sparkSession, [self.spool.uri(seq) for seq in seqs])
-        footers, refs = [], []
-        for r in rows.where("kind != 'event'").select("seq", "kind", "record").collect():
-            if r["kind"] == "footer":
-                footers.append(json.loads(r["record"]))
-            else:
-                refs.append((r["seq"], ChunkRef.from_record(json.loads(r["record"]))))
+        spark = segments.sparkSession
+        rows = segment_rows(spark, [self.spool.uri(seq) for seq in seqs])
+        known = self.spool.outlines(seqs)
+        unknown = [self.spool.uri(seq) for seq in seqs if seq not in known]  # an earlier run's
+        footers, refs = _outlines(segment_rows(spark, unknown)) if unknown else ([], [])
+        footers += [o.footer for o in known.values()]
+        refs += [(seq, ref) for seq, o in known.items() for ref in o.refs]
         if not footers:
             return
         count = sum(f["events"] for f in footers)
@@ -134,6 +134,17 @@ class BatchCommitter:
                 time.monotonic() - started,
                 closed,
             )
+
+
+def _outlines(rows: DataFrame) -> tuple[list[Footer], list[tuple[int, ChunkRef]]]:
+    """The segments' footers and chunk references (with each one's segment), read by Spark."""
+    footers, refs = [], []
+    for r in rows.where("kind != 'event'").select("seq", "kind", "record").collect():
+        if r["kind"] == "footer":
+            footers.append(json.loads(r["record"]))
+        else:
+            refs.append((r["seq"], ChunkRef.from_record(json.loads(r["record"]))))
+    return footers, refs
 
 
 def dumped_rows(

@@ -350,6 +350,29 @@ def test_the_footer_is_read_from_the_parquet_metadata_alone(tmp_path: Path) -> N
         spool.read(seq + 1)
 
 
+def test_a_batch_gets_the_outline_of_segments_this_process_wrote_without_reading_them(
+    tmp_path: Path,
+) -> None:
+    """Footers and chunk references as reading the files gives them; none of another run's."""
+    earlier = Spool(tmp_path / "spool").append([_event(0)], {"closed": []})
+    spool = Spool(tmp_path / "spool")
+    ref = _chunk(spool.chunks, [4, 2], drops=(1,))
+    seqs = [
+        spool.append([_event(1), ref, _event(2)], {"reader": {"pos": 9}, "closed": []}),
+        spool.append([_event(3)], {"closed": []}),
+    ]
+    outlines = spool.outlines([earlier, *seqs])
+    assert list(outlines) == seqs  # the earlier run's segment: its file is read
+    on_disk = [segment.decode(spool.store.read(spool.name(seq))) for seq in seqs]
+    assert [o.footer for o in outlines.values()] == [d.footer for d in on_disk]
+    assert [o.refs for o in outlines.values()] == [[ref], []]
+    assert [r.key_span for r in outlines[seqs[0]].refs] == [
+        i.key_span for i in on_disk[0].items if isinstance(i, ChunkRef)
+    ]
+    spool.drop_before(seqs[1])
+    assert spool.outlines(seqs) == {seqs[1]: outlines[seqs[1]]}
+
+
 def test_a_segment_has_the_typed_columns_of_the_arrow_schema(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
