@@ -61,6 +61,16 @@ def _reader(cluster: PrivateCluster, offset: Any = None, create: bool = True) ->
     )
 
 
+def _offset_past_the_commit(reader: Wal2jsonReader) -> Any:
+    """The offset once it says the transaction read is complete: the change can be handed out
+    before its commit message arrives (then the offset's flush LSN is still 0/0)."""
+    deadline = time.monotonic() + 30
+    while reader.offset()["flush_lsn"] == "0/0":
+        assert time.monotonic() < deadline, "the transaction's commit never arrived"
+        reader.read(10, 0.2)
+    return reader.offset()
+
+
 def test_a_slot_created_after_a_promotion_is_refused_naming_the_full_dump(
     clusters: tuple[PrivateCluster, PrivateCluster],
 ) -> None:
@@ -95,7 +105,7 @@ def test_the_same_slot_is_followed_across_a_new_timeline_and_another_cluster_is_
     reader = _reader(primary)
     run_sql(primary.server, "INSERT INTO items VALUES (1, 0)")
     read_changes(reader, 1)
-    offset = reader.offset()
+    offset = _offset_past_the_commit(reader)
     reader.close()
     run_sql(primary.server, "INSERT INTO items VALUES (2, 0)")
     follower = _reader(primary, {**offset, "timeline": 0})
