@@ -62,12 +62,12 @@ class Case:
         return f"{self.kind}-{self.watermark}-dump-{self.dump}-{kills}-seed{self.seed}"
 
 
-# 10 kill points (first-commit x3, first-chunk x3, random x4) and one straight run; every
-# watermark of both databases, the dump requested before and after the stream first runs
+# 8 kill points (first-commit x2, first-chunk x3, random x3) and one straight run; every
+# watermark of both databases, each database's dump requested before and after the stream first
+# runs (MySQL's table watermark with the dump before the stream: tests/test_start_gap.py)
 CASES = [
-    Case("mysql", "table", "before", ("first-commit", "random"), 1201),
     Case("mysql", "snapshot", "before", ("first-commit", "random"), 1203),
-    Case("mysql", "snapshot", "after", ("first-chunk", "random"), 1204),
+    Case("mysql", "table", "after", ("first-chunk", "random"), 1204),
     Case("postgres", "table", "before", ("first-commit", "first-chunk"), 1205),
     Case("postgres", "table", "after", ("first-chunk", "random"), 1206),
     Case("postgres", "snapshot", "before", (), 1207),
