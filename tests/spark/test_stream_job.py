@@ -56,6 +56,26 @@ def _until_first_changes_in_delta(config: Config, db: Db, stream: Stream) -> Non
     until("the writers' first changes in Delta", log.exists, 180, stream)
 
 
+def _until_done_restarting_once(
+    store: MetadataStore, dump_id: int, stream: Stream, reason: str | None = None
+) -> int:
+    """Until the dump is done, starting the stream again once if it exits (what a supervisor
+    does; ``reason``: the exit must say so); returns how often it exited."""
+    exits = 0
+    deadline = time.monotonic() + 600
+    while store.progress(dump_id).state != "done":
+        assert stream.proc is not None
+        if stream.proc.poll() is not None:
+            exits += 1
+            assert exits == 1, "the restarted stream exited again"
+            tail = _log_since(stream, stream.run_starts_at)
+            assert reason is None or reason in tail, tail[-3000:]
+            stream.start()
+        assert time.monotonic() < deadline, "timed out waiting for the dump"
+        time.sleep(0.5)
+    return exits
+
+
 @pytest.mark.parametrize("kind", ["mysql", "postgres"])
 def test_stream_dump_into_delta_and_kafka_converges_after_a_kill_9(
     request: pytest.FixtureRequest,
@@ -131,16 +151,7 @@ def test_a_kafka_or_metadata_database_outage_mid_dump_loses_nothing(
         until("a chunk", lambda: store.progress(dump.id).chunks_done >= 2, 300, stream)
         restart_local_service("kafka" if fault == "kafka" else "postgres", down_s=15)
         assert dblog(["set", "-c", str(config_path), "--delay-ms", "0"]) == 0
-        exits = 0
-        deadline = time.monotonic() + 600
-        while store.progress(dump.id).state != "done":
-            assert stream.proc is not None
-            if stream.proc.poll() is not None:  # what a supervisor does
-                exits += 1
-                assert exits == 1, "the restarted stream exited again"
-                stream.start()
-            assert time.monotonic() < deadline, "timed out waiting for the dump"
-            time.sleep(0.5)
+        exits = _until_done_restarting_once(store, dump.id, stream)
         time.sleep(2)
     _check_outputs(spark, config, db, stream)
     assert stream.stop() == 0
@@ -314,7 +325,9 @@ def test_standbys_take_over_a_dead_or_frozen_leader_and_the_old_one_writes_nothi
             # its in-flight MERGE may be interrupted; it must never get to record a batch
             assert not re.search(r"batch \d+: segments", after), "the deposed leader committed"
             assert dblog(["set", "-c", str(config_path), "--delay-ms", "0"]) == 0
-            _until_done_restarting_once_after_a_late_segment(store, dump.id, c)
+            # b, frozen between its fence check and its spool write, writes that segment when
+            # woken: c finds the number taken, stops with one line, continues after it
+            _until_done_restarting_once(store, dump.id, c, "was written by another process")
             time.sleep(2)
         print(f"takeover: after kill -9 {killed_s:.1f} s, after SIGSTOP {frozen_s:.1f} s")
         _check_outputs(spark, config, db, c)
@@ -324,26 +337,6 @@ def test_standbys_take_over_a_dead_or_frozen_leader_and_the_old_one_writes_nothi
             if s.proc is not None and s.proc.poll() is None:
                 s.freeze(False)
                 s.stop()
-
-
-def _until_done_restarting_once_after_a_late_segment(
-    store: MetadataStore, dump_id: int, stream: Stream
-) -> None:
-    """Until the dump is done. A leader frozen between its fence check and its spool write
-    writes that segment when woken; the new leader, finding the number taken, stops with one
-    line and continues after that segment when started again (what a supervisor does)."""
-    deadline = time.monotonic() + 600
-    restarted = False
-    while store.progress(dump_id).state != "done":
-        assert stream.proc is not None
-        if stream.proc.poll() is not None and not restarted:
-            tail = _log_since(stream, stream.run_starts_at)
-            assert "was written by another process" in tail, tail[-3000:]
-            stream.start()
-            restarted = True
-        stream.check_alive()
-        assert time.monotonic() < deadline, "timed out waiting for the dump"
-        time.sleep(0.5)
 
 
 FREEZE_ATTEMPTS = 5
