@@ -147,10 +147,10 @@ def _migration_lock(connection: Connection) -> Iterator[None]:
             fcntl.flock(file, fcntl.LOCK_EX)
             yield
         return
-    lock, unlock = _SESSION_LOCKS.get(connection.dialect.name, (None, None))
-    if lock is None or unlock is None:
+    if connection.dialect.name not in _SESSION_LOCKS:
         yield
         return
+    lock, unlock = _SESSION_LOCKS[connection.dialect.name]
     connection.exec_driver_sql(lock)
     connection.commit()
     try:
