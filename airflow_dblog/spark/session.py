@@ -4,7 +4,8 @@
 ``org.apache.spark:spark-sql-kafka-0-10_2.13`` and ``org.apache.hadoop:hadoop-aws`` with their
 runtime dependencies, minus what pyspark already ships, into
 ``${DBLOG_CACHE_DIR:-~/.cache/airflow-dblog}/spark-jars-4.2.0/``.
-A session built here puts exactly those jars on ``spark.jars``: nothing is downloaded when a job
+A session built here puts exactly those jars on ``spark.jars`` (on ``local[...]``: on the driver
+JVM's class path, see :mod:`~airflow_dblog.spark.class_archive`): nothing is downloaded when a job
 starts. ``DBLOG_SPARK_JARS_DIR`` points somewhere else (e.g. a cluster image's jar directory).
 Without either (an installed wheel, no ``scripts/``), the first session downloads the same jars
 (:data:`CONNECTOR_JARS`) from Maven Central into that cache, each checked against Central's SHA-1.
@@ -122,13 +123,18 @@ DELTA_CONF: dict[str, str] = {
 }
 
 
+def cache_dir() -> Path:
+    """``$DBLOG_CACHE_DIR``, else ``~/.cache/airflow-dblog``: jars and the JVM class archive."""
+    cache = os.environ.get("DBLOG_CACHE_DIR") or str(Path.home() / ".cache" / "airflow-dblog")
+    return Path(cache).expanduser()
+
+
 def spark_jars_dir() -> Path:
     """The directory holding the connector jars (it may not exist yet)."""
     override = os.environ.get("DBLOG_SPARK_JARS_DIR")
     if override:
         return Path(override).expanduser()
-    cache = os.environ.get("DBLOG_CACHE_DIR") or str(Path.home() / ".cache" / "airflow-dblog")
-    return Path(cache).expanduser() / f"spark-jars-{SPARK_VERSION}"
+    return cache_dir() / f"spark-jars-{SPARK_VERSION}"
 
 
 def spark_jars() -> list[str]:
@@ -196,6 +202,12 @@ def jar_conf() -> dict[str, str]:
     if os.environ.get("DBLOG_SPARK_JARS_DIR") is None:
         fetch_jars()
     return {"spark.jars": ",".join(spark_jars())}
+
+
+def local_classpath(jars: Mapping[str, str]) -> str:
+    """``jars``' ``spark.jars`` as a JVM class path (what a ``local[...]`` driver loads them
+    from, so that :mod:`~airflow_dblog.spark.class_archive` can map their classes)."""
+    return os.pathsep.join(jars["spark.jars"].split(","))
 
 
 def _conf_value(value: Any) -> str:
@@ -276,19 +288,24 @@ def build_spark_session(
     master: str | None = "local[*]",
     extra_conf: Mapping[str, Any] | None = None,
     paths: Iterable[str | None] = (),
+    class_archive: bool = True,
 ) -> SparkSession:
     """A SparkSession with Delta Lake, the Kafka source and S3A, from the cached jars.
 
     ``master=None`` leaves the master to ``spark-submit`` (a cluster run). ``extra_conf`` wins
     over the defaults here. ``paths``: the checkpoint and Delta paths the session will use; an
     ``s3a://`` one adds :func:`s3a_conf`. Off ``local[...]``, the executors get this package
-    (:func:`package_zip`). If a session already exists in this process, Spark returns it and
+    (:func:`package_zip`). On ``local[...]`` the jars go on the driver JVM's class path
+    instead, with the :mod:`~airflow_dblog.spark.class_archive` when there is one (and
+    ``class_archive``). If a session already exists in this process, Spark returns it and
     static settings (jars, extensions) of the first one stay in force.
     """
     from pyspark.sql import SparkSession
 
+    local = master is not None and master.startswith("local")
+    jars = jar_conf()
     conf: dict[str, str] = {
-        **jar_conf(),
+        **({} if local else jars),
         **DELTA_CONF,
         "spark.sql.session.timeZone": "UTC",
         # CDC tables are small per micro-batch; Spark's default of 200 shuffle partitions is
@@ -307,6 +324,8 @@ def build_spark_session(
     conf.update(s3a_conf(paths, extra_conf))
     for key, value in (extra_conf or {}).items():
         conf[key] = _conf_value(value)
+    if local:
+        conf.update(_local_driver_conf(jars, conf, class_archive))
     if master is not None:
         # Python workers (the changelog source, UDFs) run this interpreter: PySpark sends the
         # driver's PYSPARK_PYTHON to the executors. On a cluster whose Python lives elsewhere,
@@ -324,9 +343,27 @@ def build_spark_session(
     for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
-    if master is None or not master.startswith("local"):
+    if not local:
         session.sparkContext.addPyFile(package_zip())
     return session
+
+
+def _local_driver_conf(
+    jars: Mapping[str, str], conf: Mapping[str, str], class_archive: bool
+) -> dict[str, str]:
+    """The connector jars ahead of the configured driver class path, and the class archive's
+    option after the configured Java options."""
+    from airflow_dblog.spark import class_archive as archive
+
+    classpath = local_classpath(jars)
+    options = conf.get("spark.driver.extraJavaOptions", "")
+    if class_archive and "-XX:SharedArchiveFile" not in options:
+        options = f"{options} {archive.java_options(classpath)}".strip()
+    extra = conf.get("spark.driver.extraClassPath")
+    return {
+        "spark.driver.extraClassPath": os.pathsep.join(filter(None, [classpath, extra])),
+        **({"spark.driver.extraJavaOptions": options} if options else {}),
+    }
 
 
 if __name__ == "__main__":  # `spark-submit --jars "$(python -m airflow_dblog.spark.session)" ...`
