@@ -38,7 +38,7 @@ def test_a_deleted_spark_checkpoint_loses_and_doubles_nothing(
 ) -> None:
     db = db_for(request, "mysql")
     load(db)
-    config_path = write_config(db, tmp_path, chunk_size=500, kafka=kafka_server.bootstrap_servers)
+    config_path = write_config(db, tmp_path, chunk_size=200, kafka=kafka_server.bootstrap_servers)
     config = load_config(config_path)
     store = MetadataStore(config.metadata_url)
     stream = stream_factory(config_path)

@@ -54,7 +54,7 @@ def test_a_promoted_replica_and_a_reset_binlog_lose_and_double_nothing(
         old, new = _db(primary), _db(replica)
         load(old)
         config_path = write_config(
-            old, tmp_path, chunk_size=500, delay_ms=500, kafka=kafka_server.bootstrap_servers
+            old, tmp_path, chunk_size=200, delay_ms=500, kafka=kafka_server.bootstrap_servers
         )
         config = load_config(config_path)
         store = MetadataStore(config.metadata_url)

@@ -91,7 +91,7 @@ def test_stream_dump_into_delta_and_kafka_converges_after_a_kill_9(
     db = db_for(request, kind)
     load(db)
     config_path = write_config(
-        db, tmp_path, chunk_size=500, delay_ms=600, kafka=kafka_server.bootstrap_servers
+        db, tmp_path, chunk_size=200, delay_ms=600, kafka=kafka_server.bootstrap_servers
     )
     config, store, stream = _live_stream(config_path, stream_factory)
     with writers(db, pause_s=WRITER_PAUSE_S) as counts:
@@ -138,7 +138,7 @@ def test_a_kafka_or_metadata_database_outage_mid_dump_loses_nothing(
     config_path = write_config(
         db,
         tmp_path,
-        chunk_size=500,
+        chunk_size=200,
         delay_ms=600,
         kafka=kafka_server.bootstrap_servers,
         metadata_url=metadata_url,
@@ -276,7 +276,7 @@ def test_standbys_take_over_a_dead_or_frozen_leader_and_the_old_one_writes_nothi
     config_path = write_config(
         db,
         tmp_path,
-        500,
+        200,
         delay_ms=600,
         kafka=servers,
         zookeeper=zookeeper_server.connect_string(zk_path),
