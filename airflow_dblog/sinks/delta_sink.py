@@ -43,6 +43,7 @@ META_COLUMNS = ("_dblog_position", "_dblog_op", "_dblog_deleted", "_dblog_ts")
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _PURGE_EVERY_S = 3600.0
+_PURGE_FIRST_S = 600.0  # not in a (re)started stream's first batches, its slowest (a cold JVM)
 MERGE_ATTEMPTS = 5
 SEGMENT_BITS = 32  # a transaction version is (lease token << SEGMENT_BITS) | spool segment
 
@@ -151,6 +152,8 @@ class DeltaSink:
         self.describe = describe
         self.lease_token = lease_token  # 0 without ha
         self._purged_at: dict[TableId, float] = {}
+        self._first_purge_at = time.monotonic() + _PURGE_FIRST_S
+        self._holding: set[TableId] = set()  # tables known to hold rows: no emptiness check
 
     def table_path(self, table: TableId) -> str:
         return table_path(self.config, table)
@@ -275,6 +278,8 @@ class DeltaSink:
         ``bounds``: the batch holds only dumped rows of this table, whose first key column
         spans ``bounds``: the ON clause says so, and Delta reads only the files overlapping
         that range (dumps arrive in key order) instead of joining against the whole table.
+        Into a table without files (a new one) the rows are appended: nothing there to match,
+        so that is the MERGE's result, at a fraction of its cost.
         """
         from pyspark.sql import functions as F
 
@@ -283,6 +288,11 @@ class DeltaSink:
             *self._columns(schema, events), F.col("unavailable").alias("_unavailable")
         )
         target = self._table(table)
+        if table not in self._holding:
+            if not target.detail().first()["numFiles"]:
+                self._append(app_id, version, rows.drop("_unavailable"), table)
+                return
+            self._holding.add(table)
         on = F.lit(True)
         for k in schema.key:
             on = on & F.col(f"t.{quoted(k)}").eqNullSafe(F.col(f"s.{quoted(k)}"))
@@ -350,6 +360,7 @@ class DeltaSink:
             )
         except ConcurrentTransactionException:
             raise _fenced(table, "append") from None
+        self._holding.add(table)
 
     @staticmethod
     def _latest(events: DataFrame) -> DataFrame:
@@ -407,13 +418,14 @@ class DeltaSink:
         )
 
     def _purge_tombstones(self, table: TableId) -> None:
-        """Drop tombstones past the retention, at most hourly per table."""
+        """Drop tombstones past the retention, hourly per table from ten minutes after start."""
         from delta.tables import DeltaTable
         from pyspark.sql import functions as F
 
         hours = self.config.tombstone_retention_hours
         now = time.monotonic()
-        if not hours or now - self._purged_at.get(table, -_PURGE_EVERY_S) < _PURGE_EVERY_S:
+        due = self._purged_at.get(table, self._first_purge_at - _PURGE_EVERY_S) + _PURGE_EVERY_S
+        if not hours or now < due:
             return
         self._purged_at[table] = now
         path = self.table_path(table)

@@ -146,6 +146,36 @@ def test_replayed_batch_changes_nothing(sink: DeltaSink) -> None:
     assert _state(sink) == state
 
 
+def test_the_first_batch_into_a_new_table_is_an_append_with_the_merges_result(
+    sink: DeltaSink,
+) -> None:
+    """Nothing to match in a table without files: the batch is appended (Delta's WRITE), the
+    newest event of each key and the tombstones, as a MERGE would leave them; a replay of it
+    commits nothing, and a restarted stream's next batch MERGEs with the position guard."""
+    from delta.tables import DeltaTable
+
+    def operations() -> list[str]:
+        history = DeltaTable.forPath(sink.spark, sink.table_path(TABLE)).history()
+        return [r["operation"] for r in history.orderBy("version").collect()]
+
+    first = [_event("c", 1, 5, 10), _event("u", 1, 6, 11), _event("c", 2, 7, 12)]
+    first.append(_event("d", 3, 1, 13))
+    _write(sink, 1, first)
+    assert operations()[-1] == "WRITE"
+    state = _state(sink)
+    assert (state[1]["qty"], state[2]["qty"], state[3]["qty"]) == (6, 7, None)
+    assert state[1]["_dblog_position"] == str(Position.mysql(1, 11))
+    assert state[3]["_dblog_deleted"] is True and state[3]["_dblog_op"] == "d"
+    version = _version(sink)
+    restarted = DeltaSink(sink.spark, sink.config, {TABLE: SCHEMA}, "dblog-test")
+    _write(restarted, 1, first)
+    assert _version(sink) == version
+    _write(restarted, 2, [_event("u", 1, 4, 9), _event("c", 3, 8, 14)])
+    assert operations()[-1] == "MERGE"
+    state = _state(sink)
+    assert (state[1]["qty"], state[3]["qty"], state[3]["_dblog_deleted"]) == (6, 8, False)
+
+
 def test_a_deposed_leader_commits_nothing_once_the_new_leader_fenced_the_table(
     spark: Any, tmp_path: Path
 ) -> None:
@@ -226,14 +256,22 @@ def test_unavailable_columns_keep_the_stored_value(sink: DeltaSink) -> None:
     assert row["_dblog_position"] == str(Position.mysql(1, 11))
 
 
-def test_tombstones_past_their_retention_are_purged(spark: Any, tmp_path: Path) -> None:
+def test_tombstones_past_their_retention_are_purged(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_dblog.sinks import delta_sink
+
     config = DeltaSinkConfig(str(tmp_path / "delta"), tombstone_retention_hours=1)
+    sink = DeltaSink(spark, config, {TABLE: SCHEMA}, "dblog-test")
+    _write(sink, 0, [_event("c", 9, 1, 9)])
+    assert sink._purged_at == {}  # not in the first minutes after a start
+    monkeypatch.setattr(delta_sink, "_PURGE_FIRST_S", 0.0)
     sink = DeltaSink(spark, config, {TABLE: SCHEMA}, "dblog-test")
     two_hours_ms = 2 * 3600 * 1000
     old = _event("d", 1, 5, 10)
     expired = dataclasses.replace(old, ts_ms=NOW_MS - two_hours_ms)
     _write(sink, 1, [expired, _event("d", 2, 5, 11), _event("c", 3, 1, 12)])
-    assert set(_state(sink)) == {2, 3}  # the fresh tombstone and the live row stay
+    assert set(_state(sink)) == {2, 3, 9}  # the fresh tombstone and the live rows stay
 
 
 def test_change_data_feed_and_deletion_vectors_are_on(sink: DeltaSink) -> None:
