@@ -112,7 +112,12 @@ def source_rows(
 
 
 def _writer(
-    db: Db, seed: int, stop: threading.Event, counts: dict[str, int], pause_s: float
+    db: Db,
+    seed: int,
+    stop: threading.Event,
+    counts: dict[str, int],
+    pause_s: float,
+    key_space: int,
 ) -> None:
     """Random single- and multi-statement transactions until told to stop."""
     rng = random.Random(seed)
@@ -122,7 +127,7 @@ def _writer(
         while not stop.is_set():
             with conn.cursor() as cur:
                 for _ in range(rng.randint(1, 3)):
-                    a = rng.randrange(KEY_SPACE)
+                    a = rng.randrange(key_space)
                     b = f"k{a % 7}"
                     op = rng.random()
                     if op < 0.35:
@@ -155,11 +160,15 @@ def _writer(
 
 
 @contextlib.contextmanager
-def writers(db: Db, pause_s: float = 0.004) -> Iterator[Counter[str]]:
-    """``pause_s``: the longest random pause between a writer's transactions."""
+def writers(db: Db, pause_s: float = 0.004, key_space: int = KEY_SPACE) -> Iterator[Counter[str]]:
+    """``pause_s``: the longest random pause between a writer's transactions; ``key_space``:
+    keys are drawn from ``0 .. key_space - 1`` (an update or delete of a key not there is a
+    no-op that the log does not carry)."""
     stop, counts = threading.Event(), Counter[str]()
     threads = [
-        threading.Thread(target=_writer, args=(db, seed, stop, counts, pause_s), daemon=True)
+        threading.Thread(
+            target=_writer, args=(db, seed, stop, counts, pause_s, key_space), daemon=True
+        )
         for seed in range(1, WRITERS + 1)
     ]
     for thread in threads:
