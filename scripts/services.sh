@@ -1021,13 +1021,17 @@ cmd_up() {
     with_lock
     mkdir -p "$DIR/logs" "$DIR/run"
     touch "$DIR/.dblog-services"
-    local s
+    local s archive=
+    if [ "$#" -eq 0 ]; then
+        cmd_spark_jars
+        cmd_class_archive & # a minute of JVM work while the services start: in parallel
+        archive=$!
+    fi
     for s in $services; do
         "start_$s"
     done
-    if [ "$#" -eq 0 ]; then
-        cmd_spark_jars
-        cmd_class_archive
+    if [ -n "$archive" ]; then
+        wait "$archive" || die "could not build the JVM class archive; see the lines above"
     fi
     log "all requested services up in $((SECONDS - t0))s; logs in $DIR/logs/"
     cmd_status >&2 || true

@@ -89,11 +89,13 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("restart", [False, True], ids=["straight", "restart"])
 @pytest.mark.parametrize(("kind", "watermark"), CASES, ids=[f"{k}-{w}" for k, w in CASES])
-def test_dump_under_concurrent_writes_converges(
-    request: pytest.FixtureRequest, tmp_path: Path, kind: str, watermark: str, restart: bool
+def test_dump_under_concurrent_writes_converges_across_a_crash(
+    request: pytest.FixtureRequest, tmp_path: Path, kind: str, watermark: str
 ) -> None:
+    """The capture crashes after a third of the dump and a new one finishes it. (The capture
+    before the crash is the straight run; a run without a crash, chunk attempts <= 1, is the
+    staleness and start-gap tests' with Spark.)"""
     db = db_for(request, kind)
     load(db)
     config = _config(db, watermark, tmp_path)
@@ -103,10 +105,9 @@ def test_dump_under_concurrent_writes_converges(
     with writers(db) as counts:
         _run_until(capture, lambda: counts.total() > 200, 60)
         dump_id = plan_dump(config, store, requested_by="test")
-        if restart:
-            _run_until(capture, lambda: store.progress(dump_id).chunks_done >= 20, 300)
-            capture.reader.close()  # crash: nothing else is flushed or closed
-            capture = _open(config, store, sink)
+        _run_until(capture, lambda: store.progress(dump_id).chunks_done >= 20, 300)
+        capture.reader.close()  # crash: nothing else is flushed or closed
+        capture = _open(config, store, sink)
         _run_until(capture, lambda: store.progress(dump_id).state == "done", 600)
     _drain(capture)
     capture.close()
@@ -126,8 +127,8 @@ def test_dump_under_concurrent_writes_converges(
     assert len(dumped) == progress.rows_emitted
 
     attempts = [c.attempts for c in store.chunks(dump_id)]
-    assert max(attempts) <= 1 + restart
-    assert sum(a - 1 for a in attempts) <= (config.dump.parallelism if restart else 0)
+    assert max(attempts) <= 2
+    assert sum(a - 1 for a in attempts) <= config.dump.parallelism
 
 
 SECRET = f"Pw-{uuid.uuid4().hex[:12]}-never-logged"
