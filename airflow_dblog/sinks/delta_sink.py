@@ -47,6 +47,7 @@ _PURGE_FIRST_S = 600.0  # not in a (re)started stream's first batches, its slowe
 MERGE_ATTEMPTS = 5
 SEGMENT_BITS = 32  # a transaction version is (lease token << SEGMENT_BITS) | spool segment
 
+_VERSION_FILE = re.compile(r"^\d{20}\.")  # a commit or a checkpoint in _delta_log
 _INTEGER = re.compile(r"^(tiny|small|medium|big)?int(eger)?\b|^int[248]\b|^(small|big)?serial")
 _DECIMAL = re.compile(r"^(decimal|numeric)\s*\((\d+)(?:\s*,\s*(\d+))?\)")
 
@@ -400,6 +401,7 @@ class DeltaSink:
         path = self.table_path(table)
         if DeltaTable.isDeltaTable(self.spark, path):
             return DeltaTable.forPath(self.spark, path)
+        self._clear_uncommitted_log(path)
         schema = self.schemas[table]
         columns = [T.StructField(c.name, spark_type(c), nullable=True) for c in schema.columns] + [
             T.StructField("_dblog_position", T.StringType(), False),
@@ -416,6 +418,20 @@ class DeltaSink:
             .property("delta.enableDeletionVectors", str(self.config.deletion_vectors).lower())
             .execute()
         )
+
+    def _clear_uncommitted_log(self, path: str) -> None:
+        """Remove a ``_delta_log`` that holds no commit: a kill during the table's creation
+        leaves one (Delta 4 makes ``_staged_commits`` first), and Delta then neither reads nor
+        creates the table. Without a commit or checkpoint in it, it holds nothing."""
+        jvm = self.spark._jvm  # type: ignore[attr-defined]
+        log_dir = jvm.org.apache.hadoop.fs.Path(f"{path}/_delta_log")
+        fs = log_dir.getFileSystem(self.spark._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+        if not fs.exists(log_dir):
+            return
+        names = [status.getPath().getName() for status in fs.listStatus(log_dir)]
+        if not any(_VERSION_FILE.match(name) for name in names):
+            log.warning("%s: removing a Delta log without commits (%s)", path, ", ".join(names))
+            fs.delete(log_dir, True)
 
     def _purge_tombstones(self, table: TableId) -> None:
         """Drop tombstones past the retention, hourly per table from ten minutes after start."""

@@ -176,6 +176,18 @@ def test_the_first_batch_into_a_new_table_is_an_append_with_the_merges_result(
     assert (state[1]["qty"], state[3]["qty"], state[3]["_dblog_deleted"]) == (6, 8, False)
 
 
+def test_a_table_whose_creation_was_killed_before_its_first_commit_is_created(
+    sink: DeltaSink,
+) -> None:
+    """A kill -9 during the table's creation leaves ``_delta_log/_staged_commits`` and no
+    commit; Delta then neither reads nor creates the table. The next start creates it.
+    (Found by tests/test_staleness.py, a random kill landing in the first batch.)"""
+    staged = Path(sink.table_path(TABLE)) / "_delta_log" / "_staged_commits"
+    staged.mkdir(parents=True)
+    _write(sink, 1, [_event("c", 1, 5, 10)])
+    assert _state(sink)[1]["qty"] == 5
+
+
 def test_a_deposed_leader_commits_nothing_once_the_new_leader_fenced_the_table(
     spark: Any, tmp_path: Path
 ) -> None:
