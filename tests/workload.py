@@ -31,7 +31,7 @@ import pytest
 from airflow_dblog.core.events import TableId
 
 # Small enough that a dump is a few Delta batches on two cores (each costs seconds whatever its
-# size), with chunks of 200 still ~30 windows; three writers then touch each key about once a
+# size), with chunks of 200 still ~30 windows; three writers then write each key about twice a
 # minute, so windows see their keys change more often than with a larger table.
 ROWS = 6_000
 KEY_SPACE = 7_200  # a > ROWS are free for inserts; deleted keys get reused
