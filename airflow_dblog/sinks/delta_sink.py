@@ -152,8 +152,8 @@ class DeltaSink:
         self.spark, self.config, self.schemas, self.app_id = spark, config, dict(schemas), app_id
         self.describe = describe
         self.lease_token = lease_token  # 0 without ha
-        self._purged_at: dict[TableId, float] = {}
         self._first_purge_at = time.monotonic() + _PURGE_FIRST_S
+        self._purge_due: dict[TableId, float] = {}  # after a table's first purge
         self._holding: set[TableId] = set()  # tables known to hold rows: no emptiness check
 
     def table_path(self, table: TableId) -> str:
@@ -440,10 +440,9 @@ class DeltaSink:
 
         hours = self.config.tombstone_retention_hours
         now = time.monotonic()
-        due = self._purged_at.get(table, self._first_purge_at - _PURGE_EVERY_S) + _PURGE_EVERY_S
-        if not hours or now < due:
+        if not hours or now < self._purge_due.get(table, self._first_purge_at):
             return
-        self._purged_at[table] = now
+        self._purge_due[table] = now + _PURGE_EVERY_S
         path = self.table_path(table)
         if not DeltaTable.isDeltaTable(self.spark, path):
             return

@@ -276,7 +276,7 @@ def test_tombstones_past_their_retention_are_purged(
     config = DeltaSinkConfig(str(tmp_path / "delta"), tombstone_retention_hours=1)
     sink = DeltaSink(spark, config, {TABLE: SCHEMA}, "dblog-test")
     _write(sink, 0, [_event("c", 9, 1, 9)])
-    assert sink._purged_at == {}  # not in the first minutes after a start
+    assert sink._purge_due == {}  # not in the first minutes after a start
     monkeypatch.setattr(delta_sink, "_PURGE_FIRST_S", 0.0)
     sink = DeltaSink(spark, config, {TABLE: SCHEMA}, "dblog-test")
     two_hours_ms = 2 * 3600 * 1000
