@@ -55,6 +55,8 @@ class DeltaSinkConfig:
     tombstone_retention_hours: int = 168
     # new tables only: an update marks the old row instead of rewriting its file
     deletion_vectors: bool = True
+    # a small batch waits this long for more events (each MERGE costs seconds of CPU)
+    batch_wait_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -323,7 +325,13 @@ def _sinks(
             path=_resolve_path(d.string("path"), base_dir),
             tombstone_retention_hours=d.integer("tombstone_retention_hours", 168, minimum=0),
             deletion_vectors=d.get("deletion_vectors", bool, True),
+            batch_wait_s=float(d.get("batch_wait_s", (int, float), 5.0)),
         )
+        if not 0 <= delta.batch_wait_s <= 3600:
+            raise ConfigError(
+                f"sinks.delta.batch_wait_s must be between 0 and 3600 seconds,"
+                f" got {delta.batch_wait_s:g}"
+            )
         d.done()
     if k := sec.section("kafka", required=False):
         kafka = KafkaSinkConfig(

@@ -98,6 +98,7 @@ def test_defaults_and_env_default_syntax() -> None:
     assert (config.dump.chunk_size, config.dump.delay_ms, config.dump.parallelism) == (10000, 0, 1)
     assert config.kafka is None and config.ha is None
     assert config.delta is not None and config.delta.deletion_vectors
+    assert config.delta.batch_wait_s == 5.0
     assert config.metadata_url.endswith("/dblog-meta.db")
 
 
@@ -199,6 +200,16 @@ MALFORMED = [
         "deletion vectors text",
         _edit("{path: ./out/delta}", "{path: ./out/delta, deletion_vectors: yes please}"),
         "sinks.delta.deletion_vectors must be true or false",
+    ),
+    (
+        "negative batch wait",
+        _edit("{path: ./out/delta}", "{path: ./out/delta, batch_wait_s: -1}"),
+        "sinks.delta.batch_wait_s must be between 0 and 3600 seconds, got -1",
+    ),
+    (
+        "batch wait text",
+        _edit("{path: ./out/delta}", "{path: ./out/delta, batch_wait_s: soon}"),
+        "sinks.delta.batch_wait_s must be an integer or float, got 'soon'",
     ),
     (
         "slot on mysql",

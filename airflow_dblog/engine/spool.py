@@ -212,14 +212,6 @@ class Spool:
             self._folders[seq] = footer.get("chunk_folders", [])
         return footer
 
-    def heartbeat_only(self, seq: int) -> bool:
-        """The segment holds no event and closes no chunk: it only moves the reader offset.
-
-        Reads the footer only (the file's last bytes): this runs at every Delta trigger.
-        """
-        footer = self.footer(seq)
-        return not footer["events"] and not footer["closed"]
-
     def drop_before(self, seq: int) -> int:
         """Delete segments numbered below ``seq`` (every sink holds the batches that read
         them), and the chunk files they refer to."""

@@ -28,8 +28,11 @@ SEGMENTS = StructType([StructField("seq", LongType(), False)])
 # A backlog is taken in bites of this much spool (~150,000 events): memory stays bounded, and
 # a sink with a high cost per batch (Delta's MERGE) catches up with bigger batches, not more
 MAX_BATCH_BYTES = 48 << 20
-# Segments of heartbeats alone (an idle log) wait this long for a batch: each batch costs Spark
-# about a second of CPU, and they only move the committed offset
+# A batch of at least this many events goes at once: a MERGE of 5,000 rows costs about what
+# one of 10 does, so waiting for more gains little
+FULL_BATCH_EVENTS = 5000
+# Segments of heartbeats alone (an idle log) wait at least this long for a batch: they only move
+# the committed offset
 IDLE_BATCH_S = 5.0
 
 
@@ -41,9 +44,26 @@ class SegmentPartition(InputPartition):
         self.seqs = seqs
 
 
+def batch_due(age_s: float, events: int, closes_chunk: bool, wait_s: float) -> bool:
+    """Whether the pending segments make a batch now.
+
+    Each Delta batch costs seconds of CPU however small (a MERGE's fixed work), so on a quiet
+    log a batch every second kept ~1.7 of 2 cores busy for a few events a second. A batch
+    waits until its oldest segment is ``wait_s`` old, unless it is big enough to be worth its
+    cost or completes a dump chunk (a dump waits for its chunks to be held, not for the clock).
+    """
+    if closes_chunk or events >= FULL_BATCH_EVENTS:
+        return True
+    return age_s >= (wait_s if events else max(wait_s, IDLE_BATCH_S))
+
+
 class ChangelogStreamReader(DataSourceStreamReader):
-    def __init__(self, directory: str, conf: dict[str, str] | None = None) -> None:
-        self.directory, self.conf = directory, conf or {}
+    def __init__(
+        self, directory: str, conf: dict[str, str] | None = None, wait_s: float = 0.0
+    ) -> None:
+        self.directory, self.conf, self.wait_s = directory, conf or {}, wait_s
+        # (events, closes a chunk) of the pending segments: their footers are read once
+        self._outlines: dict[int, tuple[int, bool]] = {}
 
     def _spool(self) -> Spool:
         return Spool(self.directory, conf=self.conf)
@@ -66,7 +86,17 @@ class ChangelogStreamReader(DataSourceStreamReader):
             if size > MAX_BATCH_BYTES and taken:  # at least one segment, however big
                 break
             taken.append(seq)
-        if not taken or _fresh_heartbeats(spool, taken, entries[taken[0]].mtime):
+        if not taken:
+            return {"segment": first}
+        self._outlines = {seq: o for seq, o in self._outlines.items() if seq >= first}
+        for seq in taken:
+            if seq not in self._outlines:
+                footer = spool.footer(seq)
+                self._outlines[seq] = (footer["events"], bool(footer["closed"]))
+        events = sum(self._outlines[seq][0] for seq in taken)
+        closes = any(self._outlines[seq][1] for seq in taken)
+        age = time.time() - entries[taken[0]].mtime
+        if not batch_due(age, events, closes, self.wait_s):
             return {"segment": first}
         return {"segment": taken[-1] + 1}
 
@@ -85,16 +115,11 @@ class ChangelogStreamReader(DataSourceStreamReader):
         """Spark committed up to ``end``; the batch committer deletes old segments itself."""
 
 
-def _fresh_heartbeats(spool: Spool, seqs: Sequence[int], oldest_mtime: float) -> bool:
-    """The segments hold heartbeats only, the oldest written less than IDLE_BATCH_S ago."""
-    age = time.time() - oldest_mtime
-    return age < IDLE_BATCH_S and all(spool.heartbeat_only(seq) for seq in seqs)
-
-
 class ChangelogSource(DataSource):
     """``spark.readStream.format("dblog_changelog").option("path", <spool dir or URI>)``, and
     ``option("conf", <JSON of the stream's spark.conf filesystem settings>)`` for the store's
-    endpoint (credentials: the driver's environment)."""
+    endpoint (credentials: the driver's environment), ``option("wait_s", seconds)``: how long a
+    small batch waits for more (:func:`batch_due`)."""
 
     @classmethod
     def name(cls) -> str:
@@ -107,4 +132,5 @@ class ChangelogSource(DataSource):
         directory = self.options.get("path")
         if not directory:
             raise ValueError("the dblog_changelog source needs option path (the spool directory)")
-        return ChangelogStreamReader(directory, json.loads(self.options.get("conf") or "{}"))
+        conf = json.loads(self.options.get("conf") or "{}")
+        return ChangelogStreamReader(directory, conf, float(self.options.get("wait_s") or 0))

@@ -59,7 +59,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Delta's MERGE costs about the same for 1 or 10,000 rows: batches no more than once a second
+# How often Spark asks the spool for a batch; the source takes one only when it is due
+# (changelog_source.batch_due: old enough, big enough, or completing a dump chunk)
 DELTA_TRIGGER = "1 second"
 FORWARDED_IN_MEMORY = 50_000  # events of the newest segments (~30 MB); older ones: from disk
 _DEFAULT_MASTER = object()
@@ -316,6 +317,7 @@ def _start_delta_query(
         spark.readStream.format(NAME)
         .option("path", spool.location)
         .option("conf", json.dumps(endpoint))
+        .option("wait_s", str(config.delta.batch_wait_s))
         .load()
         .writeStream.queryName(f"dblog-{config.name}-delta")
         .foreachBatch(committer)

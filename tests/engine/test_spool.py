@@ -217,14 +217,12 @@ def test_a_chunk_reference_stands_where_its_rows_belong_and_the_footer_counts_th
     assert (footer["events"], footer["dumped"]) == (4, 2)  # 2 log events, 2 of 4 rows kept
     assert footer["chunk_folders"] == [ref.folder]
     assert footer["tables"] == ["db.t"] and footer["dump_keys"] == {"db.t": [10, 13]}
-    assert not spool.heartbeat_only(seq)
     # every row dropped: the chunk closes (its folder goes with the segment), no row is dumped
     gone = _chunk(spool.chunks, ["a", "b"], TableId("db", "u"), 2, drops=(0, 1))
     seq = spool.append([gone], {"closed": [{"chunk_id": 2}]})
     footer = spool.footer(seq)
     assert (footer["events"], footer["dumped"], footer["tables"]) == (0, 0, [])
     assert footer["dump_keys"] == {} and footer["chunk_folders"] == [gone.folder]
-    assert not spool.heartbeat_only(seq)  # a chunk closed: not a heartbeat
     assert spool.read(seq).items == [gone]
     rows = [(t.position, t.after) for t in ref.texts(spool.chunks)]  # rows 0 and 2 of the file
     assert rows == [
@@ -279,24 +277,45 @@ def test_a_backlog_is_read_in_bites_of_bounded_size(
     assert len(reader.partitions({"segment": 0}, {"segment": 10})) == 1  # small: one task
 
 
-def test_heartbeats_alone_wait_for_a_batch_until_they_are_old(
+def test_a_small_batch_waits_until_its_oldest_segment_is_old(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An idle log writes a segment a second; Delta pays a Spark batch for each otherwise."""
+    """A Delta batch costs seconds of CPU however small: a quiet log's few events a second
+    wait ``wait_s`` and go together; a big batch or a dump chunk's completion goes at once."""
     pytest.importorskip("pyspark")
     from airflow_dblog.spark import changelog_source
 
     spool = Spool(tmp_path)
-    spool.append([], {"closed": []})
-    spool.append([], {"closed": []})
-    reader = changelog_source.ChangelogStreamReader(str(tmp_path))
-    assert reader.latestOffset({"segment": 0}) == {"segment": 0}
+    spool.append([], {"closed": []})  # heartbeats
+    spool.append([_event(1)], {"closed": []})
+    reader = changelog_source.ChangelogStreamReader(str(tmp_path), wait_s=60)
+    assert reader.latestOffset({"segment": 0}) == {"segment": 0}  # one event: it waits
     spool.append([], {"closed": [{"chunk_id": 1}]})  # a chunk closed with no rows left
     assert reader.latestOffset({"segment": 0}) == {"segment": 3}
-    spool.append([], {"closed": []})
+    spool.append([_event(2)] * 10, {"closed": []})
     assert reader.latestOffset({"segment": 3}) == {"segment": 3}
-    monkeypatch.setattr(changelog_source, "IDLE_BATCH_S", 0.0)
-    assert reader.latestOffset({"segment": 3}) == {"segment": 4}
+    monkeypatch.setattr(changelog_source, "FULL_BATCH_EVENTS", 11)
+    spool.append([_event(3)], {"closed": []})
+    assert reader.latestOffset({"segment": 3}) == {"segment": 5}  # 11 events: big enough
+    spool.append([_event(4)], {"closed": []})
+    assert reader.latestOffset({"segment": 5}) == {"segment": 5}
+    assert changelog_source.ChangelogStreamReader(str(tmp_path)).latestOffset({"segment": 5}) == {
+        "segment": 6
+    }  # wait_s 0: at once
+
+
+def test_a_batch_is_due_when_old_big_or_completing_a_chunk() -> None:
+    pytest.importorskip("pyspark")
+    from airflow_dblog.spark.changelog_source import FULL_BATCH_EVENTS, IDLE_BATCH_S, batch_due
+
+    assert not batch_due(age_s=4.9, events=1, closes_chunk=False, wait_s=5)
+    assert batch_due(age_s=5.0, events=1, closes_chunk=False, wait_s=5)
+    assert batch_due(age_s=0.0, events=FULL_BATCH_EVENTS, closes_chunk=False, wait_s=5)
+    assert batch_due(age_s=0.0, events=0, closes_chunk=True, wait_s=5)
+    # heartbeats alone only move the committed offset: they wait at least IDLE_BATCH_S
+    assert not batch_due(age_s=IDLE_BATCH_S - 0.1, events=0, closes_chunk=False, wait_s=0)
+    assert batch_due(age_s=IDLE_BATCH_S, events=0, closes_chunk=False, wait_s=0)
+    assert not batch_due(age_s=IDLE_BATCH_S, events=0, closes_chunk=False, wait_s=30)
 
 
 def test_a_segment_read_from_memory_equals_the_one_read_from_disk(tmp_path: Path) -> None:
@@ -510,7 +529,7 @@ def test_json_lines_segments_of_0_2_are_rewritten_as_parquet(spool_location: str
         assert read.items == [EventText.of(e) for e in events]  # the same events, in order
         assert read.footer == restarted.footer(seq) == {**footer, "chunk_folders": []}
     assert restarted.read(0).items[1].chunk_id == "4"  # the dumped row stays an event
-    assert not restarted.heartbeat_only(0) and not restarted.heartbeat_only(1)  # a chunk closed
+    assert restarted.footer(0)["events"] == 4 and restarted.footer(1)["closed"]  # no heartbeats
     assert dump_bounds([restarted.footer(0)]) == {"db.u": (5, 5)}
     assert logged_tables([restarted.footer(0)]) == {"db.t"}
     data = [restarted.store.read(restarted.name(seq)) for seq in (0, 1)]
@@ -597,7 +616,7 @@ def test_an_object_store_spool_holds_the_same_bytes_as_a_local_one(
     assert remote.read(2) == local.read(2) and remote.footer(1) == local.footer(1)
     assert remote.size(0) == local.size(0)
     assert remote.uri(0) == f"{s3_spool_uri}/{remote.name(0)}"  # what Spark's executors read
-    assert remote.heartbeat_only(1) and not remote.heartbeat_only(0)
+    assert remote.footer(1)["events"] == 0 and remote.footer(0)["events"] == 2
     late = Spool(s3_spool_uri)
     late.end = lambda: 0  # type: ignore[method-assign]  # numbered before the first wrote
     with pytest.raises(DblogError, match=r"segment 0 in s3a://.* was written by another process"):
