@@ -398,6 +398,30 @@ def test_alter_table_add_and_drop_column_while_following(
     assert (third[0].before, third[0].after) == ({"id": 2, "n": 5}, {"id": 2, "n": 7})
 
 
+def test_a_table_map_decoded_once_still_serves_after_ddl_naming_the_table_and_a_rotation(
+    db: Db, readers: list[BinlogReader]
+) -> None:
+    """The reader decodes a table id's map once per binlog file (the library's freeze_schema).
+
+    A statement that names the table without changing it (its id stays) makes the reader
+    forget what it knew of the table: the id's next map must be decoded again, not skipped,
+    or the table's rows would have no columns to be read with. After a rotation every map is
+    decoded again (ids are only unique until the server restarts, which starts a new file).
+    """
+    db.execute(f"CREATE TABLE {db.q('m')} (id int PRIMARY KEY, v int)")
+    reader = open_reader(readers, db, ["m"])
+    for i in range(3):
+        db.execute(f"INSERT INTO {db.q('m')} VALUES ({i}, {i})")
+    assert [e.key for e in changes(drain(reader, 3))] == [(0,), (1,), (2,)]
+    db.execute(f"CREATE TABLE {db.q('m_copy')} LIKE {db.q('m')}")  # names `m`, keeps its id
+    db.execute(f"UPDATE {db.q('m')} SET v = 10 WHERE id = 1")
+    db.execute("FLUSH BINARY LOGS")
+    db.execute(f"DELETE FROM {db.q('m')} WHERE id = 2")
+    later = changes(drain(reader, 2))
+    assert [(e.op, e.key) for e in later] == [("u", (1,)), ("d", (2,))]
+    assert later[0].after == {"id": 1, "v": 10} and later[1].before == {"id": 2, "v": 2}
+
+
 def test_alter_table_while_lagging(
     db: Db, source: MysqlSource, readers: list[BinlogReader]
 ) -> None:
