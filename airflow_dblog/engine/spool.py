@@ -84,10 +84,10 @@ class Spool:
         """The segment as Spark's filesystem layer names it (what executors read)."""
         return self.store.uri(self.name(seq))
 
-    def entries(self) -> dict[int, Entry]:
-        """The complete segments by number: their size and modification time."""
+    def entries(self, after: int = -1) -> dict[int, Entry]:
+        """The complete segments numbered after ``after``: their size and modification time."""
         out = {}
-        for entry in self.store.list(_SUFFIX):
+        for entry in self.store.list(_SUFFIX, self.name(after) if after >= 0 else ""):
             stem = entry.name[: -len(_SUFFIX)]
             if stem.isdigit() and not entry.name.startswith("."):
                 out[int(stem)] = entry

@@ -40,7 +40,8 @@ class SpoolStore(Protocol):
     def uri(self, name: str) -> str:
         """The file as Spark's filesystem layer names it."""
 
-    def list(self, suffix: str) -> list[Entry]: ...
+    def list(self, suffix: str, after: str = "") -> list[Entry]:
+        """The files named ``*suffix`` that sort after ``after``."""
 
     def create(self, name: str, data: bytes) -> None:
         """Write a new file whole or not at all; FileExistsError if it exists, OSError."""
@@ -85,14 +86,18 @@ class LocalStore:
     def uri(self, name: str) -> str:
         return (self.dir / name).resolve().as_uri()
 
-    def list(self, suffix: str) -> list[Entry]:
+    def list(self, suffix: str, after: str = "") -> list[Entry]:
+        # a stat only for the names asked for: a follower lists a long backlog several
+        # times a second for its few newest files
         out = []
-        for path in self.dir.glob(f"*{suffix}"):
+        for name in os.listdir(self.dir):
+            if not name.endswith(suffix) or name <= after:
+                continue
             try:
-                stat = path.stat()
+                stat = os.stat(self.dir / name)
             except FileNotFoundError:  # deleted meanwhile
                 continue
-            out.append(Entry(path.name, stat.st_size, stat.st_mtime))
+            out.append(Entry(name, stat.st_size, stat.st_mtime))
         return out
 
     def create(self, name: str, data: bytes) -> None:
@@ -142,7 +147,7 @@ class ArrowStore:
     def _path(self, name: str) -> str:
         return f"{self.root}/{name}"
 
-    def list(self, suffix: str) -> list[Entry]:
+    def list(self, suffix: str, after: str = "") -> list[Entry]:
         from pyarrow import fs
 
         try:
@@ -152,7 +157,9 @@ class ArrowStore:
         return [
             Entry(info.base_name, info.size or 0, info.mtime.timestamp() if info.mtime else 0.0)
             for info in infos
-            if info.type == fs.FileType.File and info.base_name.endswith(suffix)
+            if info.type == fs.FileType.File
+            and info.base_name.endswith(suffix)
+            and info.base_name > after
         ]
 
     def create(self, name: str, data: bytes) -> None:

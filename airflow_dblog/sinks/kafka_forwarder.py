@@ -64,9 +64,7 @@ class KafkaForwarder:
     def _next_batch(self, committed: int) -> list[int]:
         batch: list[int] = []
         taken = 0
-        for seq, entry in self.spool.entries().items():  # one listing (one LIST on S3)
-            if seq <= committed:
-                continue
+        for seq, entry in self.spool.entries(after=committed).items():  # one listing
             taken += entry.size
             if batch and taken > MAX_TRANSACTION_BYTES:
                 break

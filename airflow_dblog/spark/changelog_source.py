@@ -74,14 +74,14 @@ class ChangelogStreamReader(DataSourceStreamReader):
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict:
         spool = self._spool()
-        entries = spool.entries()  # one listing: sizes and times come with it
-        seqs = list(entries)
-        if start is None or not seqs:
+        if start is None:
+            seqs = spool.segments()
             return {"segment": seqs[-1] + 1 if seqs else 0}
         first = int(start["segment"])
+        entries = spool.entries(after=first - 1)  # one listing: sizes and times come with it
         taken: list[int] = []
         size = 0
-        for seq in (seq for seq in seqs if seq >= first):
+        for seq in entries:
             size += entries[seq].size
             if size > MAX_BATCH_BYTES and taken:  # at least one segment, however big
                 break

@@ -265,6 +265,8 @@ def test_a_backlog_is_read_in_bites_of_bounded_size(
     for i in range(10):
         spool.append([_event(i)] * 50, {"closed": []})
     three = sum(spool.size(seq) for seq in range(3))  # compressed: sizes differ by a byte or so
+    assert list(spool.entries()) == list(range(10))
+    assert list(spool.entries(after=6)) == [7, 8, 9] and spool.entries(after=9) == {}
     monkeypatch.setattr(changelog_source, "MAX_BATCH_BYTES", three)
     reader = changelog_source.ChangelogStreamReader(str(tmp_path))
     assert reader.latestOffset(None) == {"segment": 10}  # the first call: where the spool ends
@@ -615,6 +617,7 @@ def test_an_object_store_spool_holds_the_same_bytes_as_a_local_one(
     ]
     assert remote.read(2) == local.read(2) and remote.footer(1) == local.footer(1)
     assert remote.size(0) == local.size(0)
+    assert list(remote.entries(after=0)) == list(local.entries(after=0)) == [1, 2]
     assert remote.uri(0) == f"{s3_spool_uri}/{remote.name(0)}"  # what Spark's executors read
     assert remote.footer(1)["events"] == 0 and remote.footer(0)["events"] == 2
     late = Spool(s3_spool_uri)
