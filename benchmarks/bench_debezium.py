@@ -7,10 +7,10 @@ and write to the same Kafka broker, one after the other (never at the same time)
   so it only streams), once with ``incremental.snapshot.chunk.size`` 1024 and once with 10000:
   from the INSERT of an ``execute-snapshot`` signal into the signal table to the first snapshot
   row (op ``r``) on the table's topic, and to all ROWS distinct keys there;
-- ``dblog stream`` with the Kafka sink alone, dump chunk size 10000 and 1024 (``dblog set``),
-  parallelism 1: from ``dblog dump --table`` to the first dumped row on the topic, to the dump's
-  state ``done`` in the metadata store, and to all ROWS distinct keys on the topic
-  (``read_committed``);
+- ``dblog stream`` with the Kafka sink alone (``--dblog-delta``: Delta too, local[2]), dump chunk
+  size 10000 and 1024 (``dblog set``), parallelism 1: from ``dblog dump --table`` to the first
+  dumped row on the topic, to the dump's state ``done`` in the metadata store, and to all ROWS
+  distinct keys on the topic (``read_committed``);
 - the baseline in the same run: a plain keyset ``SELECT`` of the table with pymysql, one page
   per chunk size;
 - startup: from each process's start to the first change of a probe table on Kafka (a row is
@@ -22,7 +22,8 @@ from offset 0, so no consumer-group rebalance is timed. Debezium Server
 into ``${DBLOG_CACHE_DIR:-~/.cache/airflow-dblog}/debezium-server-VERSION/``.
 
     cd benchmarks && python bench_debezium.py [--rows 200000] [--debezium-version 3.6.3.Final]
-                                              [--dblog-chunk-sizes 10000,1024] [--keep-logs DIR]
+                                              [--dblog-chunk-sizes 10000,1024] [--dblog-delta]
+                                              [--keep-logs DIR]
 
 Needs the local services (scripts/services.sh up) and Java 21+ (``--java``, or the first found
 on PATH or under /usr/lib/jvm). Leaves nothing behind but its JSON (and the cached download):
@@ -338,10 +339,12 @@ def run_debezium(
 
 
 def run_dblog(
-    work: Path, conn: Any, url: str, db: str, rows: int, chunk_sizes: list[int]
+    work: Path, conn: Any, url: str, db: str, rows: int, chunk_sizes: list[int], delta: bool
 ) -> dict[str, Any]:
-    """One ``dblog stream`` process (Kafka sink alone); one ``dblog dump`` per chunk size."""
+    """One ``dblog stream`` process (Kafka, and Delta with ``delta``); one ``dblog dump`` per
+    chunk size."""
     prefix = f"dblog_{db}"
+    delta_yaml = f"  delta: {{path: {work}/delta}}\n" if delta else ""
     config_path = work / "dblog.yaml"
     config_path.write_text(
         f"""name: {db.replace("_", "-")}
@@ -349,7 +352,7 @@ source: {{type: mysql, url: "{url}/{db}", tables: [{db}.bench, {db}.probe]}}
 metadata: {{url: "sqlite:///{work}/meta.db"}}
 dump: {{chunk_size: {chunk_sizes[0]}, parallelism: 1}}
 sinks:
-  kafka: {{bootstrap_servers: "{KAFKA}", topic_prefix: {prefix}}}
+{delta_yaml}  kafka: {{bootstrap_servers: "{KAFKA}", topic_prefix: {prefix}}}
 checkpoint: {work}/checkpoint
 spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
 """
@@ -443,6 +446,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         metavar="KEY=VALUE",
         help="an extra application.properties line (repeatable; the defaults are kept otherwise)",
     )
+    parser.add_argument(
+        "--dblog-delta", action="store_true", help="dblog's stream writes Delta too (local[2])"
+    )
     parser.add_argument("--java", help="Debezium Server's java (default: the first 21+ found)")
     parser.add_argument("--keep-logs", metavar="DIR", help="copy the processes' logs here")
     args = parser.parse_args(argv)
@@ -463,6 +469,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "debezium_server": args.debezium_version,
         "java": java_version(java),
         "debezium_extra_properties": args.debezium_property,
+        "dblog_sinks": "delta+kafka" if args.dblog_delta else "kafka",
     }
     try:
         with conn.cursor() as cur:
@@ -485,7 +492,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for size in dbz_sizes
         }
         result["dblog"] = (
-            run_dblog(work, conn, url, db, args.rows, dblog_sizes) if dblog_sizes else {}
+            run_dblog(work, conn, url, db, args.rows, dblog_sizes, args.dblog_delta)
+            if dblog_sizes
+            else {}
         )
         ratios: dict[str, dict[str, float]] = {
             "dblog_vs_debezium": {},
