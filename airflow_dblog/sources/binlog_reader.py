@@ -721,8 +721,8 @@ class BinlogReader(StreamReader):
             # Table ids name a table definition until the server restarts, which starts a new
             # file; the library forgets its maps only at a rotation the old file recorded, and a
             # crashed server's file records none. Forgotten, the next map of each id is decoded.
-            assert self._stream is not None
-            self._stream.table_map.clear()
+            if self._stream is not None:
+                self._stream.table_map.clear()
             self._file = event.next_binlog
             self._file_index = self._lineage_index(event.next_binlog)
             if not self._in_trx and not by_gtid:  # by GTID: the position of a skipped event
