@@ -48,7 +48,9 @@ def write_config(
     ``checkpoint`` and ``delta`` default to folders of ``tmp_path``; ``spark_conf`` adds to the
     session's settings."""
     path = tmp_path / "stream.yaml"
-    dv = "" if deletion_vectors else ", deletion_vectors: false"
+    # a small Delta batch waits 1 s, not the default 5: each test ends waiting for its last
+    # changes in Delta (the default's wait is taken by the browser, DAG and race tests' streams)
+    delta_options = ", batch_wait_s: 1" + ("" if deletion_vectors else ", deletion_vectors: false")
     name = f"st-{uuid.uuid4().hex[:8]}"
     signals = f", signal_topic: {signal_topic}" if signal_topic else ""
     kafka_sink = (
@@ -71,7 +73,7 @@ source:
   watermark: {watermark}
 metadata: {{url: "{metadata_url or f"sqlite:///{tmp_path}/meta.db"}"}}
 dump: {{chunk_size: {chunk_size}, parallelism: 2, delay_ms: {delay_ms}}}
-sinks: {{delta: {{path: "{delta or f"{tmp_path}/delta"}"{dv}}}{kafka_sink}}}
+sinks: {{delta: {{path: "{delta or f"{tmp_path}/delta"}"{delta_options}}}{kafka_sink}}}
 checkpoint: "{checkpoint or f"{tmp_path}/checkpoint"}"
 spark:
   master: "{master}"
