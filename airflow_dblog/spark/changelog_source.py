@@ -89,13 +89,16 @@ class ChangelogStreamReader(DataSourceStreamReader):
         if not taken:
             return {"segment": first}
         self._outlines = {seq: o for seq, o in self._outlines.items() if seq >= first}
-        for seq in taken:
+        age = time.time() - entries[taken[0]].mtime
+        events, closes = 0, False
+        for seq in taken:  # footers only until the batch is due (a GET each on S3)
+            if batch_due(age, events, closes, self.wait_s):
+                break
             if seq not in self._outlines:
                 footer = spool.footer(seq)
                 self._outlines[seq] = (footer["events"], bool(footer["closed"]))
-        events = sum(self._outlines[seq][0] for seq in taken)
-        closes = any(self._outlines[seq][1] for seq in taken)
-        age = time.time() - entries[taken[0]].mtime
+            events += self._outlines[seq][0]
+            closes = closes or self._outlines[seq][1]
         if not batch_due(age, events, closes, self.wait_s):
             return {"segment": first}
         return {"segment": taken[-1] + 1}
