@@ -378,6 +378,8 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
         result["startup_to_state_row_s"] = round(time.monotonic() - started, 2)
         probe_until_seen(conn, db, watch, probe, proc, log)
         result["startup_to_first_change_s"] = round(watch.first_at[probe] - started, 2)
+        # with Delta, Spark starts after Kafka: dumps are timed on a running stream
+        wait_for("the stream running", lambda: b" running: " in log.read_bytes(), proc, log, 0.2)
         time.sleep(5)  # settle: not measured
         for chunk_size in chunk_sizes:
             store.set_controls(config.name, chunk_size=chunk_size)
