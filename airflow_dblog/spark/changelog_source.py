@@ -62,8 +62,8 @@ class ChangelogStreamReader(DataSourceStreamReader):
         self, directory: str, conf: dict[str, str] | None = None, wait_s: float = 0.0
     ) -> None:
         self.directory, self.conf, self.wait_s = directory, conf or {}, wait_s
-        # (events, closes a chunk) of the pending segments: their footers are read once
-        self._outlines: dict[int, tuple[int, bool]] = {}
+        # (events, closes a chunk) from each pending segment's footer, read once
+        self._footer_counts: dict[int, tuple[int, bool]] = {}
 
     def _spool(self) -> Spool:
         return Spool(self.directory, conf=self.conf)
@@ -88,17 +88,17 @@ class ChangelogStreamReader(DataSourceStreamReader):
             taken.append(seq)
         if not taken:
             return {"segment": first}
-        self._outlines = {seq: o for seq, o in self._outlines.items() if seq >= first}
+        self._footer_counts = {seq: o for seq, o in self._footer_counts.items() if seq >= first}
         age = time.time() - entries[taken[0]].mtime
         events, closes = 0, False
         for seq in taken:  # footers only until the batch is due (a GET each on S3)
             if batch_due(age, events, closes, self.wait_s):
                 break
-            if seq not in self._outlines:
+            if seq not in self._footer_counts:
                 footer = spool.footer(seq)
-                self._outlines[seq] = (footer["events"], bool(footer["closed"]))
-            events += self._outlines[seq][0]
-            closes = closes or self._outlines[seq][1]
+                self._footer_counts[seq] = (footer["events"], bool(footer["closed"]))
+            events += self._footer_counts[seq][0]
+            closes = closes or self._footer_counts[seq][1]
         if not batch_due(age, events, closes, self.wait_s):
             return {"segment": first}
         return {"segment": taken[-1] + 1}
