@@ -8,7 +8,8 @@ and write to the same Kafka broker, one after the other (never at the same time)
   from the INSERT of an ``execute-snapshot`` signal into the signal table to the first snapshot
   row (op ``r``) on the table's topic, and to all ROWS distinct keys there;
 - ``dblog stream`` with the Kafka sink alone (``--dblog-delta``: Delta too, local[2]), dump chunk
-  size 10000 and 1024 (``dblog set``), parallelism 1: from ``dblog dump --table`` to the first
+  size 10000 and 1024 (``dblog set``), parallelism 1 (``--dblog-parallelism``), the first dump 5 s
+  after the stream runs (``--dblog-settle-s``): from ``dblog dump --table`` to the first
   dumped row on the topic, to the dump's state ``done`` in the metadata store, and to all ROWS
   distinct keys on the topic (``read_committed``);
 - the baseline in the same run: a plain keyset ``SELECT`` of the table with pymysql, one page
@@ -23,6 +24,7 @@ into ``${DBLOG_CACHE_DIR:-~/.cache/airflow-dblog}/debezium-server-VERSION/``.
 
     cd benchmarks && python bench_debezium.py [--rows 200000] [--debezium-version 3.6.3.Final]
                                               [--dblog-chunk-sizes 10000,1024] [--dblog-delta]
+                                              [--dblog-parallelism 1] [--dblog-settle-s 5]
                                               [--keep-logs DIR]
 
 Needs the local services (scripts/services.sh up) and Java 21+ (``--java``, or the first found
@@ -339,10 +341,18 @@ def run_debezium(
 
 
 def run_dblog(
-    work: Path, conn: Any, url: str, db: str, rows: int, chunk_sizes: list[int], delta: bool
+    work: Path,
+    conn: Any,
+    url: str,
+    db: str,
+    rows: int,
+    chunk_sizes: list[int],
+    delta: bool,
+    parallelism: int = 1,
+    settle_s: float = 5.0,
 ) -> dict[str, Any]:
     """One ``dblog stream`` process (Kafka, and Delta with ``delta``); one ``dblog dump`` per
-    chunk size."""
+    chunk size, the first ``settle_s`` after the stream runs."""
     prefix = f"dblog_{db}"
     delta_yaml = f"  delta: {{path: {work}/delta}}\n" if delta else ""
     config_path = work / "dblog.yaml"
@@ -350,7 +360,7 @@ def run_dblog(
         f"""name: {db.replace("_", "-")}
 source: {{type: mysql, url: "{url}/{db}", tables: [{db}.bench, {db}.probe]}}
 metadata: {{url: "sqlite:///{work}/meta.db"}}
-dump: {{chunk_size: {chunk_sizes[0]}, parallelism: 1}}
+dump: {{chunk_size: {chunk_sizes[0]}, parallelism: {parallelism}}}
 sinks:
 {delta_yaml}  kafka: {{bootstrap_servers: "{KAFKA}", topic_prefix: {prefix}}}
 checkpoint: {work}/checkpoint
@@ -380,7 +390,7 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
         result["startup_to_first_change_s"] = round(watch.first_at[probe] - started, 2)
         # with Delta, Spark starts after Kafka: dumps are timed on a running stream
         wait_for("the stream running", lambda: b" running: " in log.read_bytes(), proc, log, 0.2)
-        time.sleep(5)  # settle: not measured
+        time.sleep(settle_s)  # settle: not measured
         for chunk_size in chunk_sizes:
             store.set_controls(config.name, chunk_size=chunk_size)
             # the same topic: the earlier dump's rows were all read, count this one's afresh
@@ -451,6 +461,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--dblog-delta", action="store_true", help="dblog's stream writes Delta too (local[2])"
     )
+    parser.add_argument("--dblog-parallelism", type=int, default=1, help="dump.parallelism")
+    parser.add_argument(
+        "--dblog-settle-s",
+        type=float,
+        default=5.0,
+        help="seconds from the stream's running line to its first dump (an idle stream's dump)",
+    )
     parser.add_argument("--java", help="Debezium Server's java (default: the first 21+ found)")
     parser.add_argument("--keep-logs", metavar="DIR", help="copy the processes' logs here")
     args = parser.parse_args(argv)
@@ -472,6 +489,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "java": java_version(java),
         "debezium_extra_properties": args.debezium_property,
         "dblog_sinks": "delta+kafka" if args.dblog_delta else "kafka",
+        "dblog_parallelism": args.dblog_parallelism,
+        "dblog_settle_s": args.dblog_settle_s,
     }
     try:
         with conn.cursor() as cur:
@@ -494,7 +513,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for size in dbz_sizes
         }
         result["dblog"] = (
-            run_dblog(work, conn, url, db, args.rows, dblog_sizes, args.dblog_delta)
+            run_dblog(
+                work,
+                conn,
+                url,
+                db,
+                args.rows,
+                dblog_sizes,
+                args.dblog_delta,
+                args.dblog_parallelism,
+                args.dblog_settle_s,
+            )
             if dblog_sizes
             else {}
         )

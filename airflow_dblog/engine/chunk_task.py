@@ -50,15 +50,25 @@ class ChunkTask:
 _sources = threading.local()  # per worker thread: sources are not thread-safe
 
 
-def _source(task: ChunkTask) -> Source:
+def _cached_source(kind: str, url: str) -> Source:
     from airflow_dblog.sources import source_for
 
     cache: dict[tuple[str, str], Source] = _sources.__dict__.setdefault("cache", {})
-    source = cache.get((task.source_kind, task.url))
+    source = cache.get((kind, url))
     if source is None:
-        source = cache[(task.source_kind, task.url)] = source_for(task.source_kind, task.url)
+        source = cache[(kind, url)] = source_for(kind, url)
+    return source
+
+
+def _source(task: ChunkTask) -> Source:
+    source = _cached_source(task.source_kind, task.url)
     source.lineage_epoch = task.lineage_epoch  # positions the snapshot reports follow the stream
     return source
+
+
+def prepare(source_kind: str, url: str) -> None:
+    """Ready this worker for chunks: the source's driver imported and its connection open."""
+    _cached_source(source_kind, url).ping()
 
 
 def run_task(task: ChunkTask) -> tuple[pa.Table, ChunkSelected]:

@@ -49,7 +49,7 @@ from airflow_dblog.sinks.base import Sink
 from airflow_dblog.sinks.delta_sink import DeltaSink, FrameBatch
 from airflow_dblog.sinks.kafka_forwarder import KafkaForwarder
 from airflow_dblog.sinks.kafka_sink import KafkaSink
-from airflow_dblog.sources import open_reader, open_source
+from airflow_dblog.sources import open_reader, open_source, source_url
 from airflow_dblog.sources.base import TableSchema
 from airflow_dblog.spark.chunk_runner import SparkChunkRunner
 from airflow_dblog.spark.session import build_spark_session
@@ -264,7 +264,9 @@ def run_stream(
                 config, master, schemas, spool, progress, store, cleanup
             )
             assert runner is not None
-            runner.runner = SparkChunkRunner(committer.spark, spool.chunks)
+            chunks = SparkChunkRunner(committer.spark, spool.chunks)
+            chunks.warm_up(config.source.type, source_url(config))
+            runner.runner = chunks
         log.info("stream %s running: %s -> %s", config.name, config.source.type, names)
         while not stop.is_set():
             if lease is not None:

@@ -104,3 +104,31 @@ def test_the_python_worker_is_used_again_for_the_next_chunk(
         pids.append(runner.submit(task).result(timeout=120).pid)
     runner.close()
     assert len(set(pids)) < len(pids), pids  # idle workers are taken in turn: not one pid
+
+
+def test_the_warm_up_runs_a_chunk_job_and_leaves_nothing(
+    request: pytest.FixtureRequest, tmp_path: Path, spark: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The stream's first chunk job was 5.2 s of a dump's first row (later ones 0.45 s): the
+    warm-up runs one without rows, its worker connected to the source, when the stream starts."""
+    db = db_for(request, "mysql")
+    files = ChunkFiles(str(tmp_path / "chunks"))
+    runner = SparkChunkRunner(spark, files)
+    with caplog.at_level("INFO", logger="airflow_dblog.spark.chunk_runner"):
+        runner.warm_up("mysql", db.url).result(timeout=120)
+    runner.close()
+    assert "chunk jobs warmed up in" in caplog.text, caplog.text
+    assert files.folders() == []
+
+
+def test_a_warm_up_that_cannot_reach_the_source_is_only_logged_without_the_password(
+    tmp_path: Path, spark: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    files = ChunkFiles(str(tmp_path / "chunks"))
+    runner = SparkChunkRunner(spark, files)
+    url = "mysql://dblog:s3cret-pw@127.0.0.1:1/nowhere"  # nothing listens on port 1
+    with caplog.at_level("INFO", logger="airflow_dblog.spark.chunk_runner"):
+        assert runner.warm_up("mysql", url).result(timeout=120) is None
+    runner.close()
+    assert "chunk jobs not warmed up" in caplog.text, caplog.text
+    assert "s3cret-pw" not in caplog.text
