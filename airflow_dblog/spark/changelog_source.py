@@ -28,9 +28,12 @@ SEGMENTS = StructType([StructField("seq", LongType(), False)])
 # A backlog is taken in bites of this much spool (~150,000 events): memory stays bounded, and
 # a sink with a high cost per batch (Delta's MERGE) catches up with bigger batches, not more
 MAX_BATCH_BYTES = 48 << 20
-# A batch of at least this many events goes at once: a MERGE of 5,000 rows costs about what
-# one of 10 does, so waiting for more gains little
+# A batch of at least this many events goes without waiting for its age: a MERGE of 5,000 rows
+# costs about what one of 10 does, so waiting for more gains little ...
 FULL_BATCH_EVENTS = 5000
+# ... once the log paused this long (no newer segment): a burst still arriving is one MERGE, not
+# one at 5,000 events and another for the rest (20,000 updates in 1.5 s: 7.6 s, not 7.8 + 4.3 s)
+QUIET_S = 1.0
 # Segments of heartbeats alone (an idle log) wait at least this long for a batch: they only move
 # the committed offset
 IDLE_BATCH_S = 5.0
@@ -44,15 +47,17 @@ class SegmentPartition(InputPartition):
         self.seqs = seqs
 
 
-def batch_due(age_s: float, events: int, closes_chunk: bool, wait_s: float) -> bool:
-    """Whether the pending segments make a batch now.
+def batch_due(age_s: float, quiet_s: float, events: int, closes_chunk: bool, wait_s: float) -> bool:
+    """Whether the pending segments make a batch now (``age_s``: of the oldest, ``quiet_s``:
+    since the newest was written).
 
     Each Delta batch costs seconds of CPU however small (a MERGE's fixed work), so on a quiet
     log a batch every second kept ~1.7 of 2 cores busy for a few events a second. A batch
     waits until its oldest segment is ``wait_s`` old, unless it is big enough to be worth its
-    cost or completes a dump chunk (a dump waits for its chunks to be held, not for the clock).
+    cost and the log paused, or it completes a dump chunk (a dump waits for its chunks to be
+    held, not for the clock).
     """
-    if closes_chunk or events >= FULL_BATCH_EVENTS:
+    if closes_chunk or (events >= FULL_BATCH_EVENTS and quiet_s >= QUIET_S):
         return True
     return age_s >= (wait_s if events else max(wait_s, IDLE_BATCH_S))
 
@@ -88,18 +93,21 @@ class ChangelogStreamReader(DataSourceStreamReader):
             taken.append(seq)
         if not taken:
             return {"segment": first}
+        if len(taken) < len(entries):  # a backlog's full bite: due, whatever its events
+            return {"segment": taken[-1] + 1}
         self._footer_counts = {seq: o for seq, o in self._footer_counts.items() if seq >= first}
-        age = time.time() - entries[taken[0]].mtime
+        now = time.time()
+        age, quiet = now - entries[taken[0]].mtime, now - entries[taken[-1]].mtime
         events, closes = 0, False
         for seq in taken:  # footers only until the batch is due (a GET each on S3)
-            if batch_due(age, events, closes, self.wait_s):
+            if batch_due(age, quiet, events, closes, self.wait_s):
                 break
             if seq not in self._footer_counts:
                 footer = spool.footer(seq)
                 self._footer_counts[seq] = (footer["events"], bool(footer["closed"]))
             events += self._footer_counts[seq][0]
             closes = closes or self._footer_counts[seq][1]
-        if not batch_due(age, events, closes, self.wait_s):
+        if not batch_due(age, quiet, events, closes, self.wait_s):
             return {"segment": first}
         return {"segment": taken[-1] + 1}
 

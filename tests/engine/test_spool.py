@@ -298,7 +298,9 @@ def test_a_small_batch_waits_until_its_oldest_segment_is_old(
     assert reader.latestOffset({"segment": 3}) == {"segment": 3}
     monkeypatch.setattr(changelog_source, "FULL_BATCH_EVENTS", 11)
     spool.append([_event(3)], {"closed": []})
-    assert reader.latestOffset({"segment": 3}) == {"segment": 5}  # 11 events: big enough
+    assert reader.latestOffset({"segment": 3}) == {"segment": 3}  # 11 events, still arriving
+    monkeypatch.setattr(changelog_source, "QUIET_S", 0.0)
+    assert reader.latestOffset({"segment": 3}) == {"segment": 5}  # 11 events, the log paused
     spool.append([_event(4)], {"closed": []})
     assert reader.latestOffset({"segment": 5}) == {"segment": 5}
     assert changelog_source.ChangelogStreamReader(str(tmp_path)).latestOffset({"segment": 5}) == {
@@ -308,16 +310,28 @@ def test_a_small_batch_waits_until_its_oldest_segment_is_old(
 
 def test_a_batch_is_due_when_old_big_or_completing_a_chunk() -> None:
     pytest.importorskip("pyspark")
-    from airflow_dblog.spark.changelog_source import FULL_BATCH_EVENTS, IDLE_BATCH_S, batch_due
+    from airflow_dblog.spark.changelog_source import (
+        FULL_BATCH_EVENTS,
+        IDLE_BATCH_S,
+        QUIET_S,
+        batch_due,
+    )
 
-    assert not batch_due(age_s=4.9, events=1, closes_chunk=False, wait_s=5)
-    assert batch_due(age_s=5.0, events=1, closes_chunk=False, wait_s=5)
-    assert batch_due(age_s=0.0, events=FULL_BATCH_EVENTS, closes_chunk=False, wait_s=5)
-    assert batch_due(age_s=0.0, events=0, closes_chunk=True, wait_s=5)
+    def due(age_s: float, events: int, closes: bool = False, wait_s: float = 5, quiet_s=0.0):
+        return batch_due(age_s, quiet_s, events, closes, wait_s)
+
+    assert not due(4.9, events=1)
+    assert due(5.0, events=1)
+    assert due(0.0, events=0, closes=True)
+    # a big batch goes once the log pauses (a burst still arriving is one MERGE), or when old
+    assert not due(0.0, events=FULL_BATCH_EVENTS, quiet_s=QUIET_S - 0.1)
+    assert due(0.0, events=FULL_BATCH_EVENTS, quiet_s=QUIET_S)
+    assert not due(0.0, events=FULL_BATCH_EVENTS - 1, quiet_s=QUIET_S)
+    assert due(5.0, events=FULL_BATCH_EVENTS, quiet_s=0.0)
     # heartbeats alone only move the committed offset: they wait at least IDLE_BATCH_S
-    assert not batch_due(age_s=IDLE_BATCH_S - 0.1, events=0, closes_chunk=False, wait_s=0)
-    assert batch_due(age_s=IDLE_BATCH_S, events=0, closes_chunk=False, wait_s=0)
-    assert not batch_due(age_s=IDLE_BATCH_S, events=0, closes_chunk=False, wait_s=30)
+    assert not due(IDLE_BATCH_S - 0.1, events=0, wait_s=0)
+    assert due(IDLE_BATCH_S, events=0, wait_s=0)
+    assert not due(IDLE_BATCH_S, events=0, wait_s=30)
 
 
 def test_a_segment_read_from_memory_equals_the_one_read_from_disk(tmp_path: Path) -> None:
