@@ -199,6 +199,15 @@ class _Section:
             raise ConfigError(f"{self.path(key)} must be {bound}, got {value}")
         return value
 
+    def seconds(self, key: str, default: float, *, minimum: float, maximum: float) -> float:
+        value = float(self.get(key, (int, float), default))
+        if not minimum <= value <= maximum:
+            raise ConfigError(
+                f"{self.path(key)} must be between {minimum:g} and {maximum:g} seconds,"
+                f" got {value:g}"
+            )
+        return value
+
     def choice(self, key: str, choices: tuple[str, ...], default: Any = ...) -> str:
         value = self.string(key, default)
         if value not in choices:
@@ -256,7 +265,7 @@ def _build(raw: dict[str, Any], base_dir: Path) -> Config:
     if ha_raw := top.section("ha", required=False):
         ha = HaConfig(
             zookeeper=ha_raw.string("zookeeper"),
-            session_timeout_s=float(ha_raw.get("session_timeout_s", (int, float), 10.0)),
+            session_timeout_s=ha_raw.seconds("session_timeout_s", 10.0, minimum=1, maximum=600),
         )
         ha_raw.done()
     spark = SparkConfig()
@@ -325,13 +334,8 @@ def _sinks(
             path=_resolve_path(d.string("path"), base_dir),
             tombstone_retention_hours=d.integer("tombstone_retention_hours", 168, minimum=0),
             deletion_vectors=d.get("deletion_vectors", bool, True),
-            batch_wait_s=float(d.get("batch_wait_s", (int, float), 5.0)),
+            batch_wait_s=d.seconds("batch_wait_s", 5.0, minimum=0, maximum=3600),
         )
-        if not 0 <= delta.batch_wait_s <= 3600:
-            raise ConfigError(
-                f"sinks.delta.batch_wait_s must be between 0 and 3600 seconds,"
-                f" got {delta.batch_wait_s:g}"
-            )
         d.done()
     if k := sec.section("kafka", required=False):
         kafka = KafkaSinkConfig(

@@ -207,6 +207,11 @@ MALFORMED = [
         "sinks.delta.batch_wait_s must be between 0 and 3600 seconds, got -1",
     ),
     (
+        "zero session timeout",
+        _edit("{zookeeper: 127.0.0.1:2181}", "{zookeeper: 127.0.0.1:2181, session_timeout_s: 0}"),
+        "ha.session_timeout_s must be between 1 and 600 seconds, got 0",
+    ),
+    (
         "batch wait text",
         _edit("{path: ./out/delta}", "{path: ./out/delta, batch_wait_s: soon}"),
         "sinks.delta.batch_wait_s must be an integer or float, got 'soon'",
