@@ -14,6 +14,8 @@ and write to the same Kafka broker, one after the other (never at the same time)
   distinct keys on the topic (``read_committed``);
 - the baseline in the same run: a plain keyset ``SELECT`` of the table with pymysql, one page
   per chunk size;
+- CPU seconds each tool's process tree, MariaDB and the machine used per dump or snapshot, and
+  the rows/s the two cores would give if they ran nothing else (where the time goes);
 - startup: from each process's start to the first change of a probe table on Kafka (a row is
   inserted every 0.5 s until one arrives), and for dblog to its stream state row existing.
 
@@ -52,7 +54,14 @@ from typing import Any
 
 import pymysql
 from bench_binlog_reader import write_rows
-from bench_stream import plain_select_rows_per_s, stop
+from bench_stream import (
+    cpu_seconds,
+    machine_busy_seconds,
+    pids_named,
+    plain_select_rows_per_s,
+    process_tree,
+    stop,
+)
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
@@ -320,6 +329,7 @@ def run_debezium(
         startup = watch.first_at[probe] - started
         time.sleep(5)  # settle: not measured
         payload = json.dumps({"data-collections": [f"{db}.bench"], "type": "incremental"})
+        cpu = CpuMeter(proc.pid)
         signalled = time.monotonic()
         with conn.cursor() as cur:
             cur.execute(
@@ -333,6 +343,7 @@ def run_debezium(
             "signal_to_first_row_s": round(watch.first_read_at[bench] - signalled, 3),
             "signal_to_all_rows_s": round(elapsed, 2),
             "rows_per_s": round(rows / elapsed),
+            "cpu_s": cpu.used(rows),
         }
     finally:
         watch.stop.set()
@@ -398,6 +409,7 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
             watch.first_read_at.pop(bench, None)
             watch.reached_at.pop(bench, None)
             watch.target[bench] = rows
+            cpu = CpuMeter(proc.pid)
             requested = time.monotonic()
             with contextlib.redirect_stdout(sys.stderr):  # stdout: the JSON alone
                 assert dblog(["dump", "-c", str(config_path), "--table", f"{db}.bench"]) == 0
@@ -413,12 +425,14 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
             emitted = store.progress(dump_id).rows_emitted
             wait_for(f"{rows} dumped rows on {bench}", lambda: bench in watch.reached_at, proc, log)
             elapsed = watch.reached_at[bench] - requested
+            used = cpu.used(rows)  # to the dump's done and all rows in Kafka
             result[str(chunk_size)] = {
                 "dump_to_first_row_s": round(watch.first_read_at[bench] - requested, 3),
                 "dump_to_done_s": round(done, 2),
                 "done_rows_per_s": round(emitted / done),
                 "dump_to_all_rows_s": round(elapsed, 2),
                 "rows_per_s": round(rows / elapsed),
+                "cpu_s": used,
             }
             time.sleep(5)  # settle between dumps: not measured
     finally:
@@ -426,6 +440,32 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
         stop(proc)
         watch.join(30)
     return result
+
+
+class CpuMeter:
+    """CPU seconds used from its creation on by a process tree (the tool), MariaDB and the
+    whole machine: on 2 cores, rows / (CPU seconds / 2) is the rate if nothing else ran."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.start = self._read()
+
+    def _read(self) -> dict[str, float]:
+        return {
+            "tool": cpu_seconds(process_tree(self.pid)),
+            "mariadb": cpu_seconds(pids_named("mariadbd")),
+            "machine": machine_busy_seconds(),
+        }
+
+    def used(self, rows: int) -> dict[str, float]:
+        now = self._read()
+        spent = {k: round(now[k] - self.start[k], 2) for k in now}
+        tool_and_db = spent["tool"] + spent["mariadb"]
+        spent["tool_ms_per_1k_rows"] = round(spent["tool"] * 1e6 / rows, 1)
+        spent["rows_per_s_if_alone_on_2_cores"] = (
+            round(rows / (tool_and_db / 2)) if tool_and_db else 0
+        )
+        return spent
 
 
 class LoadSampler(threading.Thread):
