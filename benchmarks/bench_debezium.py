@@ -442,6 +442,14 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
     return result
 
 
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 class CpuMeter:
     """CPU seconds used from its creation on by a process tree (the tool), MariaDB and the
     whole machine: on 2 cores, rows / (CPU seconds / 2) is the rate if nothing else ran."""
@@ -451,8 +459,14 @@ class CpuMeter:
         self.start = self._read()
 
     def _read(self) -> dict[str, float]:
+        tree = process_tree(self.pid)
+        jvms = [p for p in tree if _comm(p) == "java"]
         return {
-            "tool": cpu_seconds(process_tree(self.pid)),
+            "tool": cpu_seconds(tree),
+            # dblog: the driver's Python (capture, Kafka), its JVM (Spark, Delta), the rest are
+            # Spark's Python workers (chunk SELECTs, the spool source); Debezium: one JVM
+            "tool_main_process": cpu_seconds([self.pid]),
+            "tool_jvms": cpu_seconds(jvms),
             "mariadb": cpu_seconds(pids_named("mariadbd")),
             "machine": machine_busy_seconds(),
         }
