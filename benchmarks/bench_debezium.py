@@ -361,10 +361,12 @@ def run_dblog(
     delta: bool,
     parallelism: int = 1,
     settle_s: float = 5.0,
+    spark_conf: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One ``dblog stream`` process (Kafka, and Delta with ``delta``); one ``dblog dump`` per
     chunk size, the first ``settle_s`` after the stream runs."""
     prefix = f"dblog_{db}"
+    conf = json.dumps({"spark.ui.enabled": False, **(spark_conf or {})})  # JSON is YAML
     delta_yaml = f"  delta: {{path: {work}/delta}}\n" if delta else ""
     config_path = work / "dblog.yaml"
     config_path.write_text(
@@ -375,7 +377,7 @@ dump: {{chunk_size: {chunk_sizes[0]}, parallelism: {parallelism}}}
 sinks:
 {delta_yaml}  kafka: {{bootstrap_servers: "{KAFKA}", topic_prefix: {prefix}}}
 checkpoint: {work}/checkpoint
-spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
+spark: {{master: "local[2]", conf: {conf}}}
 """
     )
     config = load_config(config_path)
@@ -522,6 +524,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=5.0,
         help="seconds from the stream's running line to its first dump (an idle stream's dump)",
     )
+    parser.add_argument(
+        "--dblog-spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra spark.conf of dblog's stream (repeatable), e.g. spark.eventLog.enabled=true",
+    )
     parser.add_argument("--java", help="Debezium Server's java (default: the first 21+ found)")
     parser.add_argument("--keep-logs", metavar="DIR", help="copy the processes' logs here")
     args = parser.parse_args(argv)
@@ -577,6 +586,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 args.dblog_delta,
                 args.dblog_parallelism,
                 args.dblog_settle_s,
+                dict(kv.split("=", 1) for kv in args.dblog_spark_conf),
             )
             if dblog_sizes
             else {}

@@ -70,11 +70,16 @@ def process_tree(pid: int) -> list[int]:
     while todo:
         p = todo.pop()
         try:
-            with open(f"/proc/{p}/task/{p}/children") as f:
-                todo.extend(int(c) for c in f.read().split())
+            threads = os.listdir(f"/proc/{p}/task")
         except OSError:
             continue
         found.append(p)
+        for tid in threads:  # a child belongs to the thread that forked it (the JVM's: any)
+            try:
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+            except OSError:
+                continue
     return found
 
 
