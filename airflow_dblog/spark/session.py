@@ -348,25 +348,15 @@ def build_spark_session(
     return session
 
 
-# A stream's JVM keeps compiling: each batch's queries generate classes of their own (their
-# literals are in the code), and the JIT compiles those too. In a local[2] dump of 200,000 rows
-# (bench_debezium with Delta) the C1 + C2 compiler threads took 47% of the JVM's CPU; with C1
-# alone, 11%, and the dump's CPU per 1,000 rows went 267 -> 172 ms. Spark's code is not the
-# long-running hot loop C2 is for. A cluster's executors keep their own JVM settings.
-LOCAL_JIT_OPTION = "-XX:TieredStopAtLevel=1"
-
-
 def _local_driver_conf(
     jars: Mapping[str, str], conf: Mapping[str, str], class_archive: bool
 ) -> dict[str, str]:
     """The connector jars ahead of the configured driver class path, and the class archive's
-    and the JIT's options after the configured Java options (which win)."""
+    option after the configured Java options."""
     from airflow_dblog.spark import class_archive as archive
 
     classpath = local_classpath(jars)
     options = conf.get("spark.driver.extraJavaOptions", "")
-    if "Tiered" not in options:
-        options = f"{options} {LOCAL_JIT_OPTION}".strip()
     if class_archive and "-XX:SharedArchiveFile" not in options:
         options = f"{options} {archive.java_options(classpath)}".strip()
     extra = conf.get("spark.driver.extraClassPath")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from airflow_dblog.spark import class_archive
-from airflow_dblog.spark.session import LOCAL_JIT_OPTION, _local_driver_conf, spark_jars_dir
+from airflow_dblog.spark.session import _local_driver_conf, spark_jars_dir
 
 JARS = {"spark.jars": "/jars/delta.jar,/jars/kafka.jar"}
 
@@ -26,22 +26,14 @@ def test_local_sessions_put_the_jars_first_on_the_class_path_and_map_the_archive
     without = _local_driver_conf(JARS, user, class_archive=True)
     assert without == {
         "spark.driver.extraClassPath": "/jars/delta.jar:/jars/kafka.jar:/mine.jar",
-        "spark.driver.extraJavaOptions": f"-Da=1 {LOCAL_JIT_OPTION}",
+        "spark.driver.extraJavaOptions": "-Da=1",
     }
     archive = class_archive.archive_path("/jars/delta.jar:/jars/kafka.jar")
     archive.parent.mkdir(parents=True)
     archive.write_bytes(b"")
     options = _local_driver_conf(JARS, user, class_archive=True)["spark.driver.extraJavaOptions"]
-    assert options == f"-Da=1 {LOCAL_JIT_OPTION} -XX:SharedArchiveFile={archive}"
-    alone = _local_driver_conf(JARS, {}, class_archive=False)["spark.driver.extraJavaOptions"]
-    assert alone == LOCAL_JIT_OPTION
-
-
-def test_a_jit_setting_of_the_user_is_kept() -> None:
-    for mine in ("-XX:TieredStopAtLevel=4", "-XX:-TieredCompilation"):
-        user = {"spark.driver.extraJavaOptions": mine}
-        options = _local_driver_conf(JARS, user, class_archive=False)
-        assert options["spark.driver.extraJavaOptions"] == mine
+    assert options == f"-Da=1 -XX:SharedArchiveFile={archive}"
+    assert "spark.driver.extraJavaOptions" not in _local_driver_conf(JARS, {}, class_archive=False)
 
 
 @pytest.mark.integration
