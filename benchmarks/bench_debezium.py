@@ -59,6 +59,7 @@ from bench_stream import (
     machine_busy_seconds,
     pids_named,
     plain_select_rows_per_s,
+    process_name,
     process_tree,
     stop,
 )
@@ -444,14 +445,6 @@ spark: {{master: "local[2]", conf: {conf}}}
     return result
 
 
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 class CpuMeter:
     """CPU seconds used from its creation on by a process tree (the tool), MariaDB and the
     whole machine: on 2 cores, rows / (CPU seconds / 2) is the rate if nothing else ran."""
@@ -462,7 +455,7 @@ class CpuMeter:
 
     def _read(self) -> dict[str, float]:
         tree = process_tree(self.pid)
-        jvms = [p for p in tree if _comm(p) == "java"]
+        jvms = [p for p in tree if process_name(p) == "java"]
         return {
             "tool": cpu_seconds(tree),
             # dblog: the driver's Python (capture, Kafka), its JVM (Spark, Delta), the rest are

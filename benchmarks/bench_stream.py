@@ -124,17 +124,17 @@ def machine_busy_seconds() -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
+def process_name(pid: int) -> str:
+    """The process's command name (``/proc/PID/comm``), empty once it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def pids_named(name: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/comm") as f:
-                    if f.read().strip() == name:
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and process_name(int(p)) == name]
 
 
 class Sampler(threading.Thread):

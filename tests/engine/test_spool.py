@@ -317,7 +317,9 @@ def test_a_batch_is_due_when_old_big_or_completing_a_chunk() -> None:
         batch_due,
     )
 
-    def due(age_s: float, events: int, closes: bool = False, wait_s: float = 5, quiet_s=0.0):
+    def due(
+        age_s: float, events: int, closes: bool = False, wait_s: float = 5, quiet_s: float = 0.0
+    ) -> bool:
         return batch_due(age_s, quiet_s, events, closes, wait_s)
 
     assert not due(4.9, events=1)
