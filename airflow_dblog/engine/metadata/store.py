@@ -19,7 +19,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
-from sqlalchemy import create_engine, func, select, update
+from sqlalchemy import create_engine, event, func, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -62,6 +62,29 @@ def sqlalchemy_url(url: str) -> str:
     """Pick the drivers this package installs for the plain schemes people write."""
     scheme, sep, rest = url.partition("://")
     return f"{_DRIVERS.get(scheme, scheme)}{sep}{rest}"
+
+
+# How long a SQLite transaction waits for another process's to end before it fails.
+SQLITE_BUSY_S = 60
+
+
+def _serialise_sqlite(engine: Engine) -> None:
+    """Make every SQLite transaction take the database's write lock when it begins.
+
+    SQLite has no row locks (``FOR UPDATE`` is dropped) and Python's driver starts a
+    transaction only at the first write, so a read that decides a write ran outside it: a
+    chunk cut after its dump was read as running could be added after a cancel committed in
+    between, and stay "running" in a cancelled dump. ``BEGIN IMMEDIATE`` serialises the
+    transactions instead, which is what the row locks give on PostgreSQL and MySQL.
+    """
+
+    @event.listens_for(engine, "connect")
+    def _no_implicit_transactions(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(connection: Connection) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def utcnow() -> datetime:
@@ -173,7 +196,14 @@ class MetadataStore:
         self.fence: Fence | None = None
         if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
             Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-        self.engine: Engine = create_engine(sqlalchemy_url(url), pool_pre_ping=True, future=True)
+        sqlite = url.startswith("sqlite:")
+        self.engine: Engine = create_engine(
+            sqlalchemy_url(url),
+            pool_pre_ping=True,
+            connect_args={"timeout": SQLITE_BUSY_S} if sqlite else {},
+        )
+        if sqlite:
+            _serialise_sqlite(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         if upgrade:
             self.upgrade()

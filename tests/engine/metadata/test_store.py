@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,40 @@ def test_no_chunk_starts_or_moves_on_after_a_cancel(store: MetadataStore) -> Non
     assert store.cut_range_chunk(table.id, [10], [20], "w1") is None
     assert store.claim_pending_chunk(dump_id, "w1") is None
     assert [c.state for c in store.chunks(dump_id)] == ["cancelled"]
+
+
+def test_a_cancel_waits_for_a_chunk_being_cut_and_cancels_it(
+    store: MetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dump row stays held from the read that finds it running to the new chunk's commit.
+
+    On SQLite that read ran outside any transaction: a cancel from another process committed
+    in between, and the chunk cut after it stayed "running" in a cancelled dump.
+    """
+    dump_id = _bounded_dump(store, "app.t", ["id"], [100], 100)
+    table = store.dump_tables(dump_id)[0]
+    other = MetadataStore(store.url, upgrade=False)
+    dump_read, go_on = threading.Event(), threading.Event()
+    lock_active_dump = store._lock_active_dump
+
+    def read_then_wait_for_the_cancel(*args: Any) -> Any:
+        dump = lock_active_dump(*args)
+        dump_read.set()
+        assert go_on.wait(30)
+        return dump
+
+    monkeypatch.setattr(store, "_lock_active_dump", read_then_wait_for_the_cancel)
+    with ThreadPoolExecutor(2) as pool:
+        cut = pool.submit(store.cut_range_chunk, table.id, None, [10], "w1")
+        assert dump_read.wait(30)
+        cancel = pool.submit(other.apply, dump_id, "cancel")
+        time.sleep(1)
+        assert not cancel.done(), "the cancel did not wait for the chunk being cut"
+        go_on.set()
+        assert cut.result(30) is not None
+        assert cancel.result(30).state == "cancelled"
+    assert [c.state for c in store.chunks(dump_id)] == ["cancelled"]
+    other.engine.dispose()
 
 
 def test_a_newer_lease_token_fences_every_write_of_the_old_leader(store: MetadataStore) -> None:
