@@ -32,6 +32,7 @@ Function-scoped isolation:
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,6 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import services  # tests/services.py, importable from any test directory
 from stream_process import Stream
+
+# py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after
+# pytest closed its capture streams: a "Logging error" traceback under every run's summary.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @pytest.fixture(scope="session")
