@@ -70,7 +70,7 @@ class ChunkExecutor:
     ) -> None:
         self.source, self.store, self.merge = source, store, merge
         self.stream, self.strategy, self.worker = stream, strategy, worker
-        self.runner, self.files, self._url = runner, files, url
+        self.runner, self.files, self.url = runner, files, url
         self._schemas: dict[TableId, TableSchema] = {}  # as described after the last chunk
         self._in_flight: dict[int, _InFlight] = {}  # in the order they were sent
         self._retry_at = 0.0
@@ -180,7 +180,7 @@ class ChunkExecutor:
             selection.table,
             type(self.strategy),
             self.source.kind,
-            self._url,
+            self.url,
             self.source.lineage_epoch,
             selection.lower,
             selection.upper,

@@ -49,7 +49,7 @@ from airflow_dblog.sinks.base import Sink
 from airflow_dblog.sinks.delta_sink import DeltaSink, FrameBatch
 from airflow_dblog.sinks.kafka_forwarder import KafkaForwarder
 from airflow_dblog.sinks.kafka_sink import KafkaSink
-from airflow_dblog.sources import open_reader, open_source, source_url
+from airflow_dblog.sources import open_reader, open_source
 from airflow_dblog.sources.base import TableSchema
 from airflow_dblog.spark.chunk_runner import SparkChunkRunner
 from airflow_dblog.spark.session import build_spark_session
@@ -265,7 +265,7 @@ def run_stream(
             )
             assert runner is not None
             chunks = SparkChunkRunner(committer.spark, spool.chunks)
-            chunks.warm_up(config.source.type, source_url(config))
+            chunks.warm_up(config.source.type, capture.executor.url)  # looked up once
             runner.runner = chunks
         log.info("stream %s running: %s -> %s", config.name, config.source.type, names)
         while not stop.is_set():
