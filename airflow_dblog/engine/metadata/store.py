@@ -7,7 +7,6 @@ state machine of a dump lives in one place.
 
 from __future__ import annotations
 
-import fcntl
 import math
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -164,13 +163,7 @@ def _migration_lock(connection: Connection) -> Iterator[None]:
     The stream and an Airflow task often open a new database together; unserialised, both ran
     0001 and one failed with "table dblog_dumps already exists" (or hung on the other's locks).
     """
-    database = connection.engine.url.database
-    if connection.dialect.name == "sqlite" and database not in (None, "", ":memory:"):
-        with open(f"{database}.migrations.lock", "a") as file:
-            fcntl.flock(file, fcntl.LOCK_EX)
-            yield
-        return
-    if connection.dialect.name not in _SESSION_LOCKS:
+    if connection.dialect.name not in _SESSION_LOCKS:  # SQLite: BEGIN IMMEDIATE serialises
         yield
         return
     lock, unlock = _SESSION_LOCKS[connection.dialect.name]
