@@ -67,23 +67,32 @@ def sqlalchemy_url(url: str) -> str:
 SQLITE_BUSY_S = 60
 
 
+# Execution option of the engine that read-only sessions use.
+_READS_ONLY = "dblog_reads_only"
+
+
 def _serialise_sqlite(engine: Engine) -> None:
-    """Make every SQLite transaction take the database's write lock when it begins.
+    """Make every writing SQLite transaction take the database's write lock when it begins.
 
     SQLite has no row locks (``FOR UPDATE`` is dropped) and Python's driver starts a
     transaction only at the first write, so a read that decides a write ran outside it: a
     chunk cut after its dump was read as running could be added after a cancel committed in
     between, and stay "running" in a cancelled dump. ``BEGIN IMMEDIATE`` serialises the
-    transactions instead, which is what the row locks give on PostgreSQL and MySQL.
+    writing transactions instead, which is what the row locks give on PostgreSQL and MySQL.
+    Read-only ones begin deferred and, in WAL mode, neither wait for a writer nor hold one
+    up: a process frozen (SIGSTOP, a long pause) mid-read must not stall the others, and a
+    status read must not queue behind the stream's writes.
     """
 
     @event.listens_for(engine, "connect")
-    def _no_implicit_transactions(dbapi_connection: Any, _record: Any) -> None:
+    def _wal_and_no_implicit_transactions(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
+        dbapi_connection.execute("PRAGMA journal_mode=WAL")
 
     @event.listens_for(engine, "begin")
-    def _begin_immediate(connection: Connection) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+    def _begin(connection: Connection) -> None:
+        reads_only = connection.get_execution_options().get(_READS_ONLY, False)
+        connection.exec_driver_sql("BEGIN" if reads_only else "BEGIN IMMEDIATE")
 
 
 def utcnow() -> datetime:
@@ -198,6 +207,9 @@ class MetadataStore:
         if sqlite:
             _serialise_sqlite(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._reads = sessionmaker(
+            self.engine.execution_options(**{_READS_ONLY: True}), expire_on_commit=False
+        )
         if upgrade:
             self.upgrade()
 
@@ -226,10 +238,13 @@ class MetadataStore:
             ).scalar()
 
     @contextmanager
-    def session(self) -> Iterator[Session]:
-        """One transaction; a database that went away is one line, not a driver traceback."""
+    def session(self, *, writes: bool = True) -> Iterator[Session]:
+        """One transaction; a database that went away is one line, not a driver traceback.
+
+        ``writes=False`` for transactions that only read: on SQLite they take no write lock.
+        """
         try:
-            with self._sessions.begin() as session:
+            with (self._sessions if writes else self._reads).begin() as session:
                 if self.fence is not None:
                     self._check_fence(session, self.fence)
                 yield session
@@ -260,7 +275,7 @@ class MetadataStore:
         """Raise :class:`FencedError` unless this store's lease is still the current one."""
         if self.fence is None:
             return
-        with self.session():
+        with self.session(writes=False):
             pass
 
     def take_lead(self, fence: Fence, leader: str, wait_s: float = 300) -> None:
@@ -337,7 +352,7 @@ class MetadataStore:
             return dump.id
 
     def dump(self, dump_id: int) -> Dump:
-        with self.session() as s:
+        with self.session(writes=False) as s:
             dump = s.get(Dump, dump_id)
             if dump is None:
                 raise MetadataError(
@@ -346,14 +361,14 @@ class MetadataStore:
             return dump
 
     def dumps(self, stream: str, states: Sequence[str] | None = None) -> list[Dump]:
-        with self.session() as s:
+        with self.session(writes=False) as s:
             query = select(Dump).where(Dump.stream == stream).order_by(Dump.id)
             if states:
                 query = query.where(Dump.state.in_(states))
             return list(s.scalars(query))
 
     def dump_tables(self, dump_id: int) -> list[DumpTable]:
-        with self.session() as s:
+        with self.session(writes=False) as s:
             return list(
                 s.scalars(
                     select(DumpTable).where(DumpTable.dump_id == dump_id).order_by(DumpTable.id)
@@ -401,7 +416,7 @@ class MetadataStore:
                 )
 
     def progress(self, dump_id: int) -> Progress:
-        with self.session() as s:
+        with self.session(writes=False) as s:
             dump = s.get(Dump, dump_id)
             if dump is None:
                 raise MetadataError(f"no dump with id {dump_id}", "check the id with dblog status")
@@ -621,7 +636,7 @@ class MetadataStore:
             return result.rowcount or 0
 
     def chunks(self, dump_id: int) -> list[Chunk]:
-        with self.session() as s:
+        with self.session(writes=False) as s:
             return list(s.scalars(select(Chunk).where(Chunk.dump_id == dump_id).order_by(Chunk.id)))
 
     def chunk(self, chunk_id: int) -> Chunk:
@@ -632,7 +647,7 @@ class MetadataStore:
 
     def controls(self, stream: str, defaults: DumpSettings) -> DumpSettings:
         """The stream's settings now: values set at runtime override the config file's."""
-        with self.session() as s:
+        with self.session(writes=False) as s:
             row = s.get(Control, stream)
         if row is None:
             return defaults
@@ -670,7 +685,7 @@ class MetadataStore:
             row.updated_at = utcnow()
 
     def stream_state(self, stream: str) -> StreamState | None:
-        with self.session() as s:
+        with self.session(writes=False) as s:
             return s.get(StreamState, stream)
 
     def save_stream_state(self, stream: str, **values: Any) -> None:

@@ -235,6 +235,46 @@ def test_a_cancel_waits_for_a_chunk_being_cut_and_cancels_it(
     other.engine.dispose()
 
 
+def test_reads_go_on_while_another_process_holds_a_write(
+    store: MetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer paused mid-transaction (a frozen leader) must not stall status reads.
+
+    On SQLite every transaction once took the write lock, so a leader SIGSTOPped inside one
+    made ``dblog status`` and the standbys' reads fail after the busy timeout.
+    """
+    dump_id = _bounded_dump(store, "app.t", ["id"], [100], 100)
+    table = store.dump_tables(dump_id)[0]
+    other = MetadataStore(store.url, upgrade=False)
+    dump_read, go_on = threading.Event(), threading.Event()
+    lock_active_dump = store._lock_active_dump
+
+    def read_then_wait(*args: Any) -> Any:
+        dump = lock_active_dump(*args)
+        dump_read.set()
+        assert go_on.wait(30)
+        return dump
+
+    monkeypatch.setattr(store, "_lock_active_dump", read_then_wait)
+    with ThreadPoolExecutor(2) as pool:
+        cut = pool.submit(store.cut_range_chunk, table.id, None, [10], "w1")
+        assert dump_read.wait(30)
+        reads = pool.submit(
+            lambda: (
+                other.progress(dump_id).state,
+                [d.id for d in other.dumps("s")],
+                other.stream_state("s"),
+                other.controls("s", DumpSettings(chunk_size=7)).chunk_size,
+            )
+        )
+        try:
+            assert reads.result(5) == ("pending", [dump_id], None, 7)
+        finally:
+            go_on.set()
+        assert cut.result(30) is not None
+    other.engine.dispose()
+
+
 def test_a_newer_lease_token_fences_every_write_of_the_old_leader(store: MetadataStore) -> None:
     old = MetadataStore(store.url, upgrade=False)
     old.take_lead(Fence("s", 7), "host-a")
