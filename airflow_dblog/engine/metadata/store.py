@@ -8,6 +8,7 @@ state machine of a dump lives in one place.
 from __future__ import annotations
 
 import math
+import sqlite3
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
@@ -87,12 +88,26 @@ def _serialise_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _wal_and_no_implicit_transactions(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
-        dbapi_connection.execute("PRAGMA journal_mode=WAL")
+        _use_wal(dbapi_connection)
 
     @event.listens_for(engine, "begin")
     def _begin(connection: Connection) -> None:
         reads_only = connection.get_execution_options().get(_READS_ONLY, False)
         connection.exec_driver_sql("BEGIN" if reads_only else "BEGIN IMMEDIATE")
+
+
+def _use_wal(dbapi_connection: Any) -> None:
+    """Switch the file to WAL (it stays so). The switch fails at once, without waiting, when
+    another process starting on the same new file holds a lock: try again for a while."""
+    deadline = time.monotonic() + SQLITE_BUSY_S
+    while True:
+        try:
+            dbapi_connection.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def utcnow() -> datetime:
