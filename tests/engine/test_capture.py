@@ -37,7 +37,7 @@ from airflow_dblog.sources import open_reader, open_source
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def _config(db: Db, watermark: str, tmp_path: Path) -> Config:
+def _config(db: Db, watermark: str, tmp_path: Path, parallelism: int = 2) -> Config:
     return parse_config(
         f"""
 name: cap-{uuid.uuid4().hex[:8]}
@@ -47,7 +47,7 @@ source:
   tables: [{db.table()}]
   watermark: {watermark}
 metadata: {{url: "sqlite:///{tmp_path}/meta.db"}}
-dump: {{chunk_size: 100, parallelism: 2}}
+dump: {{chunk_size: 100, parallelism: {parallelism}}}
 sinks: {{delta: {{path: {tmp_path}/delta}}}}
 checkpoint: {tmp_path}/checkpoint
 """,
@@ -393,7 +393,9 @@ def _alter_after_first_select(
 ) -> None:
     """Run ``ddl`` right after the first chunk SELECT returns, before its high watermark:
     the one moment a real ALTER can straddle a chunk, made certain. The SELECT runs on the
-    runner's own connection (a driver thread here), so the source's class is patched."""
+    runner's own connection (a driver thread here), so the source's class is patched. Use
+    it with one chunk in flight: another chunk whose window closes while the ALTER waits for
+    that chunk's metadata lock rightly keeps the old shape, ahead of the ALTER in the log."""
     kind = type(capture.executor.source)
     done: list[bool] = []
 
@@ -426,7 +428,7 @@ def test_a_chunk_straddling_an_alter_is_selected_again(
     would land after the change; the chunk is selected again and the output has the new shape."""
     db = db_for(request, kind)
     load(db, rows=1_000)
-    config = _config(db, "table", tmp_path)
+    config = _config(db, "table", tmp_path, parallelism=1)
     store = MetadataStore(config.metadata_url)
     sink = MemorySink()
     capture = _open(config, store, sink)
@@ -450,7 +452,7 @@ def test_a_primary_key_change_mid_dump_fails_the_dump_with_the_reason(
 ) -> None:
     db = db_for(request, kind)
     load(db, rows=1_000)
-    config = _config(db, "table", tmp_path)
+    config = _config(db, "table", tmp_path, parallelism=1)
     store = MetadataStore(config.metadata_url)
     capture = _open(config, store, MemorySink())
     if kind == "mysql":
