@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -201,48 +203,13 @@ def test_no_chunk_starts_or_moves_on_after_a_cancel(store: MetadataStore) -> Non
     assert [c.state for c in store.chunks(dump_id)] == ["cancelled"]
 
 
-def test_a_cancel_waits_for_a_chunk_being_cut_and_cancels_it(
+@contextmanager
+def _a_chunk_cut_paused(
     store: MetadataStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The dump row stays held from the read that finds it running to the new chunk's commit.
-
-    On SQLite that read ran outside any transaction: a cancel from another process committed
-    in between, and the chunk cut after it stayed "running" in a cancelled dump.
-    """
-    dump_id = _bounded_dump(store, "app.t", ["id"], [100], 100)
-    table = store.dump_tables(dump_id)[0]
-    other = MetadataStore(store.url, upgrade=False)
-    dump_read, go_on = threading.Event(), threading.Event()
-    lock_active_dump = store._lock_active_dump
-
-    def read_then_wait_for_the_cancel(*args: Any) -> Any:
-        dump = lock_active_dump(*args)
-        dump_read.set()
-        assert go_on.wait(30)
-        return dump
-
-    monkeypatch.setattr(store, "_lock_active_dump", read_then_wait_for_the_cancel)
-    with ThreadPoolExecutor(2) as pool:
-        cut = pool.submit(store.cut_range_chunk, table.id, None, [10], "w1")
-        assert dump_read.wait(30)
-        cancel = pool.submit(other.apply, dump_id, "cancel")
-        time.sleep(1)
-        assert not cancel.done(), "the cancel did not wait for the chunk being cut"
-        go_on.set()
-        assert cut.result(30) is not None
-        assert cancel.result(30).state == "cancelled"
-    assert [c.state for c in store.chunks(dump_id)] == ["cancelled"]
-    other.engine.dispose()
-
-
-def test_reads_go_on_while_another_process_holds_a_write(
-    store: MetadataStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A writer paused mid-transaction (a frozen leader) must not stall status reads.
-
-    On SQLite every transaction once took the write lock, so a leader SIGSTOPped inside one
-    made ``dblog status`` and the standbys' reads fail after the busy timeout.
-    """
+) -> Iterator[tuple[int, MetadataStore, ThreadPoolExecutor]]:
+    """A chunk cut paused inside its transaction, right after it read its dump as running
+    (a leader stopped mid-write): the dump, a second store (another connection) and a pool
+    to call it from. On leaving, the cut goes on and must commit."""
     dump_id = _bounded_dump(store, "app.t", ["id"], [100], 100)
     table = store.dump_tables(dump_id)[0]
     other = MetadataStore(store.url, upgrade=False)
@@ -256,9 +223,44 @@ def test_reads_go_on_while_another_process_holds_a_write(
         return dump
 
     monkeypatch.setattr(store, "_lock_active_dump", read_then_wait)
-    with ThreadPoolExecutor(2) as pool:
-        cut = pool.submit(store.cut_range_chunk, table.id, None, [10], "w1")
-        assert dump_read.wait(30)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            cut = pool.submit(store.cut_range_chunk, table.id, None, [10], "w1")
+            assert dump_read.wait(30)
+            try:
+                yield dump_id, other, pool
+            finally:
+                go_on.set()
+            assert cut.result(30) is not None
+    finally:
+        other.engine.dispose()
+
+
+def test_a_cancel_waits_for_a_chunk_being_cut_and_cancels_it(
+    store: MetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dump row stays held from the read that finds it running to the new chunk's commit.
+
+    On SQLite that read ran outside any transaction: a cancel from another process committed
+    in between, and the chunk cut after it stayed "running" in a cancelled dump.
+    """
+    with _a_chunk_cut_paused(store, monkeypatch) as (dump_id, other, pool):
+        cancel = pool.submit(other.apply, dump_id, "cancel")
+        time.sleep(1)
+        assert not cancel.done(), "the cancel did not wait for the chunk being cut"
+    assert cancel.result(30).state == "cancelled"
+    assert [c.state for c in store.chunks(dump_id)] == ["cancelled"]
+
+
+def test_reads_go_on_while_another_process_holds_a_write(
+    store: MetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer paused mid-transaction (a frozen leader) must not stall status reads.
+
+    On SQLite every transaction once took the write lock, so a leader SIGSTOPped inside one
+    made ``dblog status`` and the standbys' reads fail after the busy timeout.
+    """
+    with _a_chunk_cut_paused(store, monkeypatch) as (dump_id, other, pool):
         reads = pool.submit(
             lambda: (
                 other.progress(dump_id).state,
@@ -267,12 +269,7 @@ def test_reads_go_on_while_another_process_holds_a_write(
                 other.controls("s", DumpSettings(chunk_size=7)).chunk_size,
             )
         )
-        try:
-            assert reads.result(5) == ("pending", [dump_id], None, 7)
-        finally:
-            go_on.set()
-        assert cut.result(30) is not None
-    other.engine.dispose()
+        assert reads.result(5) == ("pending", [dump_id], None, 7)
 
 
 def test_a_newer_lease_token_fences_every_write_of_the_old_leader(store: MetadataStore) -> None:
