@@ -19,9 +19,9 @@ import yaml
 
 from airflow_dblog.core.events import TableId
 from airflow_dblog.errors import ConfigError
+from airflow_dblog.sources.registry import KINDS, SOURCE_TYPES, kinds_offering, watermark_modes
 
-SOURCE_TYPES = ("mysql", "postgres")
-WATERMARKS = ("table", "gtid", "snapshot")
+WATERMARKS = watermark_modes()
 IMAGE_MODES = ("NEW_AND_OLD_IMAGES", "NEW_IMAGE", "OLD_IMAGE", "KEYS_ONLY")
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -283,10 +283,11 @@ def _build(raw: dict[str, Any], base_dir: Path) -> Config:
 def _source(sec: _Section | None, name: str) -> SourceConfig:
     assert sec is not None
     kind = sec.choice("type", SOURCE_TYPES)
+    facts = KINDS[kind]
     url = sec.string("url", hint="add source.url (a URL, or an Airflow connection id)")
     if "://" in url:
         scheme = url.split("://", 1)[0].split("+", 1)[0]
-        expected = {"mysql": ("mysql", "mariadb"), "postgres": ("postgres", "postgresql")}[kind]
+        expected = facts.url_schemes
         if scheme not in expected:
             raise ConfigError(
                 f"source.url scheme {scheme!r} does not match source.type {kind}",
@@ -306,16 +307,19 @@ def _source(sec: _Section | None, name: str) -> SourceConfig:
     if len(set(tables)) != len(tables):
         raise ConfigError("source.tables lists a table twice", "list each table once")
     watermark = sec.choice("watermark", WATERMARKS, "table")
-    if watermark == "gtid" and kind != "mysql":
+    if watermark not in facts.watermark_modes:
+        offering = " or ".join(k.product for k in kinds_offering(watermark))
         raise ConfigError(
-            "source.watermark gtid needs a MySQL source",
-            "use table or snapshot for PostgreSQL",
+            f"source.watermark {watermark} needs a {offering} source",
+            f"use {' or '.join(facts.watermark_modes)} for {facts.product}",
         )
     slot = sec.string("slot", None)
-    if slot is not None and (kind != "postgres" or not re.fullmatch(r"[a-z0-9_]{1,63}", slot)):
+    if slot is not None and (not facts.takes_slot or not re.fullmatch(r"[a-z0-9_]{1,63}", slot)):
+        with_slots = [k for k in KINDS.values() if k.takes_slot]
         raise ConfigError(
-            "source.slot must be a PostgreSQL slot name (lower-case letters, digits, _)",
-            "only postgres sources take a slot",
+            f"source.slot must be a {' or '.join(k.product for k in with_slots)} slot name"
+            " (lower-case letters, digits, _)",
+            f"only {' or '.join(k.name for k in with_slots)} sources take a slot",
         )
     server_id = sec.get("server_id", int, None)
     if server_id is not None and not 1 <= server_id < 2**32:

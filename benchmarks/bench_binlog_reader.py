@@ -29,8 +29,9 @@ from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import WriteRowsEvent
 
 from airflow_dblog.core.events import ChangeEvent, TableId
-from airflow_dblog.sources.binlog_reader import BinlogReader
-from airflow_dblog.sources.mysql import MysqlSource, parse_mysql_url
+from airflow_dblog.sources.mysql.binlog_reader import BinlogReader
+from airflow_dblog.sources.mysql.connection import parse_mysql_url
+from airflow_dblog.sources.mysql.source import MysqlSource
 
 
 def _default_url() -> str:

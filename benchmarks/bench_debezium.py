@@ -67,7 +67,7 @@ from bench_stream import (
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.sources.mysql import parse_mysql_url
+from airflow_dblog.sources.mysql.connection import parse_mysql_url
 
 PORT = int(os.environ.get("DBLOG_MYSQL_PORT", "3306"))
 KAFKA = f"127.0.0.1:{os.environ.get('DBLOG_KAFKA_PORT', '9092')}"

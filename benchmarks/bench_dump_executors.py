@@ -44,7 +44,7 @@ from bench_stream import plain_select_rows_per_s, process_tree, rss_of_tree, sto
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.sources.mysql import parse_mysql_url
+from airflow_dblog.sources.mysql.connection import parse_mysql_url
 
 PORT = os.environ.get("DBLOG_MYSQL_PORT", "3306")
 SHARED_ROOT = "/var/tmp"  # the cluster's workers hide /tmp and the checkout, not this

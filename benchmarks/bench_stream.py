@@ -47,7 +47,8 @@ from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
 from airflow_dblog.core.position import Position, binlog_file_index
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.sources.mysql import MysqlSource, parse_mysql_url
+from airflow_dblog.sources.mysql.connection import parse_mysql_url
+from airflow_dblog.sources.mysql.source import MysqlSource
 
 PORT = os.environ.get("DBLOG_MYSQL_PORT", "3306")
 KAFKA = f"127.0.0.1:{os.environ.get('DBLOG_KAFKA_PORT', '9092')}"

@@ -31,8 +31,9 @@ import psycopg2
 import psycopg2.extras
 
 from airflow_dblog.core.events import ChangeEvent, TableId
-from airflow_dblog.sources.postgres import SESSION_OPTIONS, PostgresSource, parse_postgres_url
-from airflow_dblog.sources.wal2json_reader import Wal2jsonReader
+from airflow_dblog.sources.postgres.connection import SESSION_OPTIONS, parse_postgres_url
+from airflow_dblog.sources.postgres.source import PostgresSource
+from airflow_dblog.sources.postgres.wal2json_reader import Wal2jsonReader
 
 TABLE = TableId("public", "bench")
 

@@ -29,13 +29,17 @@ class TableId:
         return cls(db, table)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ChangeEvent:
     """One committed row change, or one dumped row (``op == "r"``).
 
     ``key`` holds the primary-key columns in key order; ``xid`` (PostgreSQL) and ``gtid``
     (MySQL/MariaDB) let snapshot and GTID watermarks decide whether a change fell inside a
     chunk's window.
+
+    The constructor is written out: readers build one event per row change, and a frozen
+    dataclass's generated ``__init__`` sets each field through ``object.__setattr__``, where
+    this one fills the instance's ``__dict__`` in one step (the fields are the same).
     """
 
     table: TableId
@@ -50,6 +54,36 @@ class ChangeEvent:
     dump_id: int | None = None
     chunk_id: int | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __init__(
+        self,
+        table: TableId,
+        op: Op,
+        key: tuple[Any, ...],
+        position: Position,
+        before: Row | None = None,
+        after: Row | None = None,
+        ts_ms: int = 0,
+        xid: int | None = None,
+        gtid: str | None = None,
+        dump_id: int | None = None,
+        chunk_id: int | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.__dict__.update(
+            table=table,
+            op=op,
+            key=key,
+            position=position,
+            before=before,
+            after=after,
+            ts_ms=ts_ms,
+            xid=xid,
+            gtid=gtid,
+            dump_id=dump_id,
+            chunk_id=chunk_id,
+            extra={} if extra is None else extra,
+        )
 
     @property
     def row(self) -> Row | None:

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING
 
 from airflow_dblog.core.events import TableId
 from airflow_dblog.engine.chunk_file import ChunkSelected, encode_rows
-from airflow_dblog.engine.watermarks import Selection
 from airflow_dblog.errors import DblogError, InputError, SourceError
+from airflow_dblog.sources.registry import source_for
+from airflow_dblog.sources.watermark import Selection
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -51,8 +52,7 @@ _sources = threading.local()  # per worker thread: sources are not thread-safe
 
 
 def _cached_source(kind: str, url: str) -> Source:
-    from airflow_dblog.sources import source_for
-
+    """This thread's source of ``kind`` at ``url`` (the registry imports the driver once)."""
     cache: dict[tuple[str, str], Source] = _sources.__dict__.setdefault("cache", {})
     source = cache.get((kind, url))
     if source is None:

@@ -1,12 +1,8 @@
 """How far a stream is behind its source: its state, and bytes and seconds behind.
 
 **Bytes behind** run from the source's head to the stream's last committed position (the one
-the metadata store holds, saved once every sink holds the batch):
-
-- MySQL/MariaDB: the end of the binlog (``SHOW MASTER STATUS``) back to the committed binlog
-  file and offset, summed over the files between with the sizes ``SHOW BINARY LOGS`` gives.
-- PostgreSQL: ``pg_current_wal_lsn()`` minus the LSN up to which every transaction is committed
-  downstream (the reader offset's flush LSN).
+the metadata store holds, saved once every sink holds the batch); the source measures them in
+its own log (``Source.log_lag``: binlog bytes on MySQL/MariaDB, WAL bytes on PostgreSQL).
 
 **Seconds behind** are now minus the source time the committed position stands for: the
 source's timestamp of the last change committed (PostgreSQL: its commit time; MySQL/MariaDB:
@@ -26,19 +22,14 @@ The arithmetic is pure (unit-tested); :func:`stream_status` does the I/O.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from airflow_dblog.config import Config
 from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem
-from airflow_dblog.core.position import (
-    Position,
-    binlog_file_index,
-    int_to_lsn,
-    lsn_to_int,
-)
+from airflow_dblog.engine.configured_source import open_source
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.metadata.models import StreamState
 from airflow_dblog.errors import DblogError
@@ -49,31 +40,6 @@ STALE_AFTER_S = 60.0
 
 
 # -- the arithmetic ---------------------------------------------------------------------------
-
-
-def binlog_bytes_behind(
-    logs: Sequence[tuple[str, int]], head: tuple[str, int], at: tuple[int, int]
-) -> int | None:
-    """Binlog bytes from ``at`` (file index, offset) to ``head`` (file, end offset).
-
-    ``logs``: the server's binlog files and sizes (``SHOW BINARY LOGS``). None when ``at`` is
-    not on the server's binlog: its file was purged, or lies past the head (a RESET MASTER).
-    """
-    sizes = {binlog_file_index(name): size for name, size in logs}
-    head_index = binlog_file_index(head[0])
-    sizes[head_index] = head[1]  # the head file's size as the status read it
-    at_index, at_offset = at
-    if at_index > head_index or at_index not in sizes:
-        return None
-    if at_index == head_index:
-        return max(0, head[1] - at_offset)
-    between = sum(size for index, size in sizes.items() if at_index < index < head_index)
-    return max(0, sizes[at_index] - at_offset) + between + head[1]
-
-
-def wal_bytes_behind(head_lsn: int, at_lsn: int) -> int:
-    """WAL bytes from ``at_lsn`` to ``head_lsn`` (0 when the stream is at or past the head)."""
-    return max(0, head_lsn - at_lsn)
 
 
 def seconds_behind(lag_bytes: int | None, source_ts_ms: int | None, now_ms: int) -> float | None:
@@ -108,31 +74,6 @@ def source_time_ms(items: Iterable[LogItem], now_ms: int, previous: int | None) 
             continue
         latest = ts if latest is None else max(latest, ts)
     return latest
-
-
-def committed_binlog_point(
-    position: str | None, source_offset: dict[str, Any] | None
-) -> tuple[int, int] | None:
-    """(binlog file index, offset) a MySQL/MariaDB stream committed: its last position (the
-    end of the last event applied), else the reader offset it would resume from."""
-    if position:
-        committed = Position.parse(position)
-        return committed.binlog_file_index, committed.coords[1]
-    reader = (source_offset or {}).get("reader") or {}
-    if isinstance(reader.get("file"), str) and reader.get("pos") is not None:
-        return binlog_file_index(reader["file"]), int(reader["pos"])
-    return None
-
-
-def committed_lsn(position: str | None, source_offset: dict[str, Any] | None) -> int | None:
-    """The LSN up to which a PostgreSQL stream committed every transaction: the reader
-    offset's flush LSN, else the last position's LSN."""
-    reader = (source_offset or {}).get("reader") or {}
-    if reader.get("flush_lsn"):
-        return lsn_to_int(str(reader["flush_lsn"]))
-    if position:
-        return Position.parse(position).coords[0]
-    return None
 
 
 # -- the status -------------------------------------------------------------------------------
@@ -223,13 +164,8 @@ def stream_status(
         opened = source is None
         try:
             if source is None:
-                from airflow_dblog.sources import open_source
-
                 source = open_source(config)
-            if config.source.type == "mysql":
-                head, lag_bytes, note = _binlog_lag(source, position, offset)
-            else:
-                head, lag_bytes, note = _wal_lag(source, position, offset)
+            head, lag_bytes, note = source.log_lag(position, offset)
         except (DblogError, ImportError) as err:
             note = "source: " + redact(str(err)).splitlines()[0]
         finally:
@@ -247,30 +183,3 @@ def stream_status(
         last_event_at=row.last_event_at if row else None,
         note=note,
     )
-
-
-def _binlog_lag(
-    source: Any, position: str | None, offset: dict[str, Any] | None
-) -> tuple[str, int | None, str | None]:
-    file, end = source.master_status()
-    head = f"{file}:{end}"
-    read = ((offset or {}).get("reader") or {}).get("server")
-    if read and read != (now := source.identity()):
-        return head, None, f"the stream last read server {read}; the source is now {now}"
-    at = committed_binlog_point(position, offset)
-    if at is None:
-        return head, None, "no committed binlog position"
-    lag = binlog_bytes_behind(source.binary_log_sizes(), (file, end), at)
-    if lag is None:
-        return head, None, f"binlog file #{at[0]} of the committed position is not on the server"
-    return head, lag, None
-
-
-def _wal_lag(
-    source: Any, position: str | None, offset: dict[str, Any] | None
-) -> tuple[str, int | None, str | None]:
-    head = source.current_wal_lsn()
-    at = committed_lsn(position, offset)
-    if at is None:
-        return int_to_lsn(head), None, "no committed LSN"
-    return int_to_lsn(head), wal_bytes_behind(head, at), None

@@ -30,12 +30,12 @@ from airflow_dblog.config import Config
 from airflow_dblog.core.events import TableId
 from airflow_dblog.sinks.delta_sink import table_path
 from airflow_dblog.sinks.kafka_sink import topic_name
+from airflow_dblog.sources.registry import source_kind
 
 SINKS = ("delta", "kafka")
 _SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3"}
 # object stores: OpenLineage names an object by its key, without the leading slash
 _OBJECT_STORES = {"s3", "gs", "gcs", "abfs", "abfss", "wasb", "wasbs", "oss"}
-_DEFAULT_PORTS = {"mysql": 3306, "postgres": 5432}
 
 
 @dataclass(frozen=True)
@@ -94,14 +94,8 @@ def openlineage_name(uri: str) -> tuple[str, str]:
 
 
 def source_openlineage_name(kind: str, url: str, table: TableId) -> tuple[str, str]:
-    """(namespace, name) of a captured source table; only host and port of ``url`` are used."""
-    parts = urlsplit(url)
-    host = parts.hostname or "localhost"
-    port = parts.port or _DEFAULT_PORTS[kind]
-    if kind == "postgres":
-        database = unquote(parts.path.lstrip("/")) or "postgres"
-        return f"postgres://{host}:{port}", f"{database}.{table.db}.{table.table}"
-    return f"mysql://{host}:{port}", f"{table.db}.{table.table}"
+    """(namespace, name) of a captured source table; only host, port and database of ``url``."""
+    return source_kind(kind).openlineage_name(url, table)
 
 
 def openlineage_names(

@@ -8,6 +8,7 @@ stores each field in the connection's extra under the field's name.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -15,8 +16,7 @@ from urllib.parse import quote
 
 from airflow_dblog.config import Config, load_config, parse_config
 from airflow_dblog.errors import ConfigError
-
-_SCHEMES = {"mysql": "mysql", "postgres": "postgresql"}
+from airflow_dblog.sources.registry import source_kind
 
 CONN_TYPE = "dblog"
 #: secret field -> the ``${VAR}`` it fills in the config (URL-encoded: it goes into a URL)
@@ -108,7 +108,20 @@ def config_from_extra(
     )
 
 
+def resolved(config: Config) -> Config:
+    """``config`` with a URL in ``source.url``: the same config when it holds one already, else
+    a copy whose ``source.url`` is the URL of the Airflow connection it names (looked up only
+    then: Airflow is imported only then). Resolved once, where a config is loaded; every layer
+    below sees a URL."""
+    if not config.source.is_airflow_conn:
+        return config
+    url = url_from_airflow_connection(config.source.url, config.source.type)
+    return dataclasses.replace(config, source=dataclasses.replace(config.source, url=url))
+
+
 def url_from_airflow_connection(conn_id: str, kind: str) -> str:
+    """The source URL of Airflow connection ``conn_id`` (its host, port, login, password and
+    schema), in the URL scheme of source kind ``kind``."""
     from airflow_dblog.provider.compat import BaseHook
 
     try:
@@ -123,4 +136,4 @@ def url_from_airflow_connection(conn_id: str, kind: str) -> str:
         auth += ":" + quote(conn.password, safe="")
     host = conn.host or "127.0.0.1"
     port = f":{conn.port}" if conn.port else ""
-    return f"{_SCHEMES[kind]}://{auth}@{host}{port}/{conn.schema or ''}"
+    return f"{source_kind(kind).url_scheme}://{auth}@{host}{port}/{conn.schema or ''}"

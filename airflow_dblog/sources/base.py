@@ -4,7 +4,7 @@ A ``Source`` answers questions about tables and runs the chunk SELECTs and water
 ``ChangelogReader`` turns the binlog or WAL into ``LogItem``s. The planner, the chunk executor,
 the capture loop and the merge use only these two protocols; what one watermark strategy needs
 of one kind of server (GTID sets, binlog or snapshot positions, snapshot SELECTs) it asks of
-that source's own class (``engine/watermarks.py``).
+that source's own class (``sources/<kind>/watermarks.py``).
 """
 
 from __future__ import annotations
@@ -76,6 +76,13 @@ class Source(Protocol):
 
     def ping(self) -> None:
         """SourceError unless the server answers: tells a dead source from a bad chunk."""
+        ...
+
+    def log_lag(
+        self, position: str | None, offset: Offset | None
+    ) -> tuple[str, int | None, str | None]:
+        """How far a stream that committed ``position`` (and reader ``offset``) is behind the
+        head of this source's log: (the head, the bytes between, why they are unknown)."""
         ...
 
     def close(self) -> None: ...

@@ -3,8 +3,10 @@
 :class:`SqlSource` holds one connection per source object, in autocommit mode, opened lazily and
 reopened once when the server drops it (:meth:`SqlSource._run`); it coerces user-typed keys to
 the column types, reads key lists in batches and runs chunk SELECTs in one snapshot transaction.
-A source supplies its driver's connection and errors, its SQL (:meth:`SqlSource.chunk_sql`,
-:meth:`SqlSource.keys_sql`), how it reads rows and what its snapshot saw.
+The keyset SQL (chunk pages, chunk bounds, the largest key, key lists) is built here once, by
+:mod:`~airflow_dblog.sources.keyset` in the source's :class:`~airflow_dblog.sources.keyset.Dialect`.
+A source supplies its driver's connection and errors, its dialect, how it reads rows and what its
+snapshot saw.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from typing import Any, ClassVar, Generic, TypeVar
 from airflow_dblog.core.events import Row, TableId
 from airflow_dblog.core.keys import MAX_KEYS_PER_CHUNK, key_in_order
 from airflow_dblog.errors import InputError
+from airflow_dblog.sources import keyset
 from airflow_dblog.sources.base import Closeable, Key, TableSchema
+from airflow_dblog.sources.keyset import Dialect, Statement
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +31,6 @@ SELECT_KEYS_BATCH = 500
 """Keys per key-list SELECT: one statement of thousands of keys is slow to plan (MariaDB) or
 exceeds the server's stack depth (PostgreSQL, composite keys); a snapshot spans the batches."""
 
-Statement = tuple[Any, list[Any]]  # SQL (text or composed) and its parameters
 Snap = TypeVar("Snap")  # what a snapshot chunk's snapshot saw: a binlog Position, a SnapshotInfo
 
 
@@ -46,6 +49,7 @@ class SqlSource(Closeable, Generic[Snap]):
     product: ClassVar[str]  # "MySQL", "PostgreSQL": log lines
     driver_error: ClassVar[type[Exception]]  # the driver's base error: what _run looks at
     begin_snapshot: ClassVar[tuple[str, ...]]  # statements that open a snapshot transaction
+    dialect: ClassVar[Dialect]  # how its keyset SQL is spelled
 
     settings: Any  # the source's ConnectionSettings: ``where`` names host:port
     _conn: Any
@@ -82,19 +86,13 @@ class SqlSource(Closeable, Generic[Snap]):
         """What a key value of ``col`` should look like, for the error message."""
         raise NotImplementedError
 
-    def chunk_sql(
-        self, table: TableId, lower: Key | None, upper: Key | None, limit: int
-    ) -> Statement:
-        """The chunk SELECT: every column of rows with ``lower < key <= upper`` in key order."""
-        raise NotImplementedError
-
-    def keys_sql(self, table: TableId, keys: Sequence[Key]) -> Statement:
-        """The SELECT of every column of the rows with the given keys, in key order."""
-        raise NotImplementedError
-
     def _fetch_rows(self, cur: Any, key: Sequence[str]) -> list[tuple[Key, Row]]:
         """The executed SELECT's rows as ``(key, row)``; ``key``: the key column names."""
         raise NotImplementedError
+
+    def _fetch_keys(self, cur: Any) -> list[Key]:
+        """The executed SELECT's rows, each a key."""
+        return [tuple(r) for r in cur.fetchall()]
 
     def _check_snapshot(self) -> None:
         """SourceError if this server cannot run snapshot chunks."""
@@ -171,6 +169,68 @@ class SqlSource(Closeable, Generic[Snap]):
                     "pass the key as JSON values in primary key order",
                 ) from None
         return tuple(typed)
+
+    # -- keyset SQL ------------------------------------------------------------------------
+
+    def range_sql(
+        self,
+        table: TableId,
+        columns: Sequence[str] | None,
+        lower: Key | None,
+        upper: Key | None,
+        *,
+        limit: int,
+        offset: int = 0,
+        descending: bool = False,
+    ) -> Statement:
+        """``SELECT cols FROM t WHERE key > lower AND key <= upper ORDER BY key LIMIT n``
+        (``columns`` None: ``*``; see :func:`airflow_dblog.sources.keyset.range_sql`)."""
+        key = self._key(table)
+        return keyset.range_sql(
+            self.dialect,
+            table,
+            key,
+            columns,
+            lower,
+            upper,
+            limit=limit,
+            offset=offset,
+            descending=descending,
+        )
+
+    def chunk_sql(
+        self, table: TableId, lower: Key | None, upper: Key | None, limit: int
+    ) -> Statement:
+        """The chunk SELECT: every column (``*``: it must not name a column an ALTER just
+        dropped) of rows with ``lower < key <= upper`` in key order."""
+        return self.range_sql(table, None, lower, upper, limit=limit)
+
+    def keys_sql(self, table: TableId, keys: Sequence[Key]) -> Statement:
+        """The SELECT of every column of the rows with the given keys, in key order."""
+        return keyset.keys_sql(self.dialect, table, self._key(table), keys)
+
+    def _first_key(self, doing: str, statement: Statement) -> Key | None:
+        sql, params = statement
+
+        def work(cur: Any) -> Key | None:
+            cur.execute(sql, params)
+            keys = self._fetch_keys(cur)
+            return keys[0] if keys else None
+
+        key: Key | None = self._run(doing, work)
+        return key
+
+    def max_key(self, table: TableId) -> Key | None:
+        """The largest key: the first in descending key order, read from the key index."""
+        statement = self.range_sql(table, self._key(table), None, None, limit=1, descending=True)
+        return self._first_key(f"read the largest key of {table}", statement)
+
+    def next_bound(self, table: TableId, after: Key | None, upto: Key, n: int) -> Key | None:
+        """The n-th key after ``after`` (at most ``upto``), read from the key index only."""
+        if n < 1:
+            raise InputError(f"chunk size must be >= 1, got {n}", "set dump.chunk_size >= 1")
+        statement = self.range_sql(table, self._key(table), after, upto, limit=1, offset=n - 1)
+        return self._first_key(f"find the next chunk bound of {table}", statement)
 
     # -- chunk SELECTs ---------------------------------------------------------------------
 

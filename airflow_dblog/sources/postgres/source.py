@@ -2,13 +2,15 @@
 
 One psycopg2 connection per source object, in autocommit mode, opened lazily and reopened once when
 the server drops it (:class:`~airflow_dblog.sources.sql.SqlSource`). Tables are ``schema.table``
-(``TableId.db`` is the schema; the database is the one in the URL). Identifiers are quoted with
-:class:`psycopg2.sql.Identifier` and values are bound parameters: nothing a user types is spliced
+(``TableId.db`` is the schema; the database is the one in the URL). Identifiers are quoted
+(keyset SQL by :mod:`~airflow_dblog.sources.postgres.dialect`, other statements with
+:class:`psycopg2.sql.Identifier`) and values are bound parameters: nothing a user types is spliced
 into SQL. Keys are compared and ordered by the server only (row comparisons ``(a, b) > (%s, %s)``
 on the primary key index, in the columns' collations); this module never sorts keys in Python.
 
-Value types (the contract shared with :mod:`airflow_dblog.sources.wal2json_reader`): a row read
-here and the same row decoded from the WAL hold the same Python values, because both go through
+Value types (the contract shared with the WAL reader,
+:mod:`~airflow_dblog.sources.postgres.wal2json_reader`): a row read here and the same row decoded
+from the WAL hold the same Python values, because both go through
 psycopg2's own typecasters (the reader looks them up by the type OID wal2json reports). Sessions
 run with ``TimeZone=UTC``, ``DateStyle=ISO``, ``IntervalStyle=postgres``, ``bytea_output=hex``
 and ``extra_float_digits=1`` on both sides.
@@ -39,12 +41,8 @@ written as JSON ``null``.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import decimal
 import logging
-import re
 import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,13 +53,24 @@ import psycopg2.extensions
 from psycopg2 import sql
 
 from airflow_dblog.core.events import Row, TableId
-from airflow_dblog.core.keys import check_arity
 from airflow_dblog.core.position import Position, lsn_to_int
 from airflow_dblog.core.window import XidSnapshot
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.redact import redact
-from airflow_dblog.sources.base import Column, Key, TableSchema
-from airflow_dblog.sources.sql import SqlSource, is_integral
+from airflow_dblog.sources.base import Column, Key, Offset, TableSchema
+from airflow_dblog.sources.postgres import lag
+from airflow_dblog.sources.postgres.connection import (
+    ConnectionSettings,
+    connect,
+    connect_error,
+    is_connection_lost,
+    parse_postgres_url,
+)
+from airflow_dblog.sources.postgres.dialect import DIALECT
+from airflow_dblog.sources.postgres.key_values import coerce_value, expects
+from airflow_dblog.sources.postgres.schema import ColumnInfo, TableInfo
+from airflow_dblog.sources.postgres.wal_values import bytes_deep
+from airflow_dblog.sources.sql import SqlSource
 
 log = logging.getLogger(__name__)
 
@@ -71,130 +80,7 @@ WATERMARK_TABLE_ID = TableId(WATERMARK_SCHEMA, WATERMARK_TABLE)
 
 SCHEMA_TTL_S = 30.0
 
-SESSION_OPTIONS = (
-    "-c TimeZone=UTC -c DateStyle=ISO -c IntervalStyle=postgres"
-    " -c bytea_output=hex -c extra_float_digits=1"
-)
-"""GUCs of every connection (SELECTs and the walsender), so both sides print values alike."""
-
 _BYTEA_OIDS = (17, 1001)  # bytea, bytea[]: psycopg2 returns memoryviews
-
-_INT_RANGES = {"int2": 16, "int4": 32, "int8": 64}
-_TEXT_TYPES = {"text", "varchar", "bpchar", "name", "citext"}
-_FLOAT_TYPES = {"float4", "float8"}
-_TIMESTAMP_RE = re.compile(
-    r"^(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,6})\d*)?)?)?"
-    r"\s*(Z|[+-]\d{2}(?::?\d{2})?)?$"
-)
-
-
-# --------------------------------------------------------------------------------------------
-# connection settings
-
-
-@dataclass(frozen=True)
-class ConnectionSettings:
-    """A libpq connection string plus where it points; ``repr`` never shows the password."""
-
-    dsn: str
-    host: str
-    port: int
-    user: str
-    database: str
-
-    def __repr__(self) -> str:
-        return (
-            f"ConnectionSettings(host={self.host!r}, port={self.port}, user={self.user!r},"
-            f" database={self.database!r})"
-        )
-
-    @property
-    def where(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-def parse_postgres_url(url: str) -> ConnectionSettings:
-    """``postgres://user:password@host:port/db`` (also ``postgresql://``, ``postgres+x://``)."""
-    text = url.strip()
-    scheme, sep, rest = text.partition("://")
-    if sep:
-        base = scheme.split("+", 1)[0].lower()
-        if base not in ("postgres", "postgresql"):
-            raise SourceError(
-                f"source.url scheme {scheme!r} is not postgres",
-                "write it as postgres://user:password@host:5432/db",
-            )
-        text = f"postgresql://{rest}"
-    try:
-        params = psycopg2.extensions.parse_dsn(text)
-    except psycopg2.ProgrammingError as err:
-        raise SourceError(
-            f"source.url is not a valid PostgreSQL URL ({redact(str(err)).strip()})",
-            "write it as postgres://user:password@host:5432/db",
-        ) from None
-    host = params.get("host") or "localhost"
-    try:
-        port = int(str(params.get("port") or 5432).split(",")[0])
-    except ValueError:
-        raise SourceError(
-            f"source.url has an invalid port {params.get('port')!r}",
-            "write it as postgres://user:password@host:5432/db",
-        ) from None
-    user = params.get("user") or ""
-    database = params.get("dbname") or user
-    return ConnectionSettings(text, host, port, user, database)
-
-
-def connect(
-    settings: ConnectionSettings, *, connect_timeout: float = 10.0, **extra: Any
-) -> psycopg2.extensions.connection:
-    """A new connection with dblog's session settings; SourceError naming host:port if it fails."""
-    try:
-        return psycopg2.connect(
-            settings.dsn,
-            connect_timeout=max(1, int(connect_timeout)),
-            application_name="airflow-dblog",
-            options=SESSION_OPTIONS,
-            **extra,
-        )
-    except psycopg2.Error as err:
-        raise connect_error(settings, err) from None
-
-
-def connect_error(settings: ConnectionSettings, err: BaseException) -> SourceError:
-    message = " ".join(redact(str(err)).split()) or type(err).__name__
-    if "password authentication failed" in message or "authentication" in message:
-        fix = "check the user and password in source.url"
-    elif "does not exist" in message and "database" in message:
-        fix = "create the database or fix its name in source.url"
-    elif "replication" in message and "pg_hba" in message:
-        fix = "allow replication connections for this user in pg_hba.conf"
-    else:
-        fix = "check that PostgreSQL is running and that source.url's host and port are right"
-    # libpq's text names the host and port but never the password; keep only its first clause
-    return SourceError(
-        f"cannot connect to PostgreSQL at {settings.where} as {settings.user or '?'}:"
-        f" {message[:300]}",
-        fix,
-    )
-
-
-def is_connection_lost(err: BaseException, conn: Any) -> bool:
-    """True when ``err`` means the connection is gone (worth one reconnect)."""
-    if isinstance(err, psycopg2.InterfaceError):
-        return True
-    if conn is not None and getattr(conn, "closed", 0):
-        return True
-    return isinstance(err, psycopg2.OperationalError) and getattr(err, "pgcode", None) in (
-        None,
-        "57P01",  # admin_shutdown / terminated by administrator
-        "57P02",
-        "57P03",
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# snapshot facts
 
 
 @dataclass(frozen=True)
@@ -234,188 +120,6 @@ class SnapshotInfo:
         return cls(snap.xmin, snap.xmax, snap.xip, close_lsn)
 
 
-# --------------------------------------------------------------------------------------------
-# table metadata and key coercion
-
-
-@dataclass(frozen=True)
-class ColumnInfo:
-    name: str
-    type: str  # format_type(), e.g. "character varying(20)"
-    nullable: bool
-    type_oid: int  # the base type's OID (domains resolved): what psycopg2 and the reader see
-    base_type: str  # the base type's pg_type.typname, e.g. "int4", "varchar", "timestamptz"
-    category: str  # pg_type.typcategory of the base type
-    max_length: int | None  # varchar(n)/char(n)
-    scale: int | None = None  # numeric(p, s)
-
-
-@dataclass(frozen=True)
-class TableInfo:
-    oid: int
-    schema: TableSchema
-    columns: dict[str, ColumnInfo]
-    replica_identity: str  # d(efault), f(ull), i(ndex), n(othing)
-    loaded_at: float
-
-    def column(self, name: str) -> ColumnInfo:
-        return self.columns[name]
-
-
-def _expects(col: ColumnInfo) -> str:
-    t = col.base_type
-    if t in _INT_RANGES:
-        return f"an integer ({col.type})"
-    if t == "numeric":
-        return "a number or a decimal string (numeric)"
-    if t in _FLOAT_TYPES:
-        return f"a number ({col.type})"
-    if t in _TEXT_TYPES:
-        return f"a string ({col.type})"
-    if t == "uuid":
-        return "a UUID string (uuid)"
-    if t == "date":
-        return "an ISO date string YYYY-MM-DD (date)"
-    if t == "timestamp":
-        return "an ISO timestamp string without time zone (timestamp)"
-    if t == "timestamptz":
-        return "an ISO timestamp string, UTC unless it has an offset (timestamptz)"
-    if t == "bytea":
-        return "a hex string (bytea)"
-    if t == "bool":
-        return "true or false (boolean)"
-    return f"a value of type {col.type}"
-
-
-def _parse_timestamp(text: str, aware: bool) -> dt.datetime:
-    m = _TIMESTAMP_RE.match(text.strip())
-    if not m:
-        raise ValueError("not an ISO timestamp")
-    year, month, day, hh, mm, ss, frac, tz = m.groups()
-    micro = int((frac or "0").ljust(6, "0"))
-    value = dt.datetime(
-        int(year), int(month), int(day), int(hh or 0), int(mm or 0), int(ss or 0), micro
-    )
-    if tz is None:
-        return value.replace(tzinfo=dt.timezone.utc) if aware else value
-    if not aware:
-        raise ValueError("timestamp (without time zone) takes no UTC offset")
-    if tz == "Z":
-        offset = dt.timedelta(0)
-    else:
-        sign = -1 if tz[0] == "-" else 1
-        digits = tz[1:].replace(":", "")
-        offset = sign * dt.timedelta(hours=int(digits[:2]), minutes=int(digits[2:] or 0))
-    return value.replace(tzinfo=dt.timezone(offset)).astimezone(dt.timezone.utc)
-
-
-def coerce_value(col: ColumnInfo, value: Any) -> Any:
-    """A JSON value (or an already typed one) as the Python value SELECTs return for ``col``."""
-    t = col.base_type
-    if value is None:
-        raise ValueError("a primary key value cannot be null")
-    if t in _INT_RANGES:
-        if isinstance(value, bool):
-            raise TypeError("a boolean is not an integer")
-        if is_integral(value):
-            value = int(value)
-        if not isinstance(value, int):
-            raise TypeError("not an integer")
-        bits = _INT_RANGES[t]
-        if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
-            raise ValueError(f"out of range for {col.type}")
-        return value
-    if t == "numeric":
-        if isinstance(value, bool):
-            raise TypeError("a boolean is not a number")
-        if isinstance(value, float):
-            value = repr(value)
-        try:
-            number = (
-                decimal.Decimal(str(value).strip())
-                if not isinstance(value, decimal.Decimal)
-                else value
-            )
-        except decimal.InvalidOperation:
-            raise ValueError("not a decimal number") from None
-        if not number.is_finite():
-            raise ValueError("not a finite number")
-        if col.scale is not None:  # numeric(p, s) values come back with exactly s decimals
-            rounded = number.quantize(decimal.Decimal(1).scaleb(-col.scale))
-            if rounded != number:
-                raise ValueError(f"has more than {col.scale} decimals")
-            number = rounded
-        return number
-    if t in _FLOAT_TYPES:
-        if isinstance(value, bool) or not isinstance(value, (int, float, decimal.Decimal)):
-            raise TypeError("not a number")
-        return float(value)
-    if t == "bool":
-        if not isinstance(value, bool):
-            raise TypeError("not a boolean")
-        return value
-    if t == "uuid":
-        if isinstance(value, uuid.UUID):
-            return str(value)
-        if not isinstance(value, str):
-            raise TypeError("not a string")
-        return str(uuid.UUID(value.strip()))
-    if t == "date":
-        if isinstance(value, dt.datetime):
-            raise TypeError("a timestamp is not a date")
-        if isinstance(value, dt.date):
-            return value
-        if not isinstance(value, str):
-            raise TypeError("not a string")
-        return dt.date.fromisoformat(value.strip())
-    if t in ("timestamp", "timestamptz"):
-        aware = t == "timestamptz"
-        if isinstance(value, dt.datetime):
-            if aware:
-                tz = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
-                return tz.astimezone(dt.timezone.utc)
-            if value.tzinfo is not None:
-                raise ValueError("timestamp (without time zone) takes no UTC offset")
-            return value
-        if not isinstance(value, str):
-            raise TypeError("not a string")
-        return _parse_timestamp(value, aware)
-    if t == "bytea":
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            return bytes(value)
-        if not isinstance(value, str):
-            raise TypeError("not a hex string")
-        text = value.strip()
-        if text.startswith(("\\x", "0x")):
-            text = text[2:]
-        return bytes.fromhex(text)
-    if t in _TEXT_TYPES or col.category == "S":
-        if not isinstance(value, str):
-            raise TypeError("not a string")
-        if col.max_length is not None and len(value) > col.max_length:
-            raise ValueError(f"longer than {col.max_length} characters")
-        if t == "bpchar" and col.max_length is not None:
-            value = value.ljust(col.max_length)  # char(n) comes back blank-padded
-        return value
-    # enums and other types: the server casts the bound string (errors surface as InputError)
-    if isinstance(value, (dict, list)):
-        raise TypeError(f"a JSON {type(value).__name__} is not a {col.type}")
-    return value
-
-
-def bytes_deep(value: Any) -> Any:
-    """psycopg2's ``memoryview`` for bytea as ``bytes``, also inside arrays (SELECT and WAL)."""
-    if isinstance(value, memoryview):
-        return value.tobytes()
-    if isinstance(value, list):
-        return [bytes_deep(v) for v in value]
-    return value
-
-
-# --------------------------------------------------------------------------------------------
-# the source
-
-
 class PostgresSource(SqlSource[SnapshotInfo]):
     """``Source`` for PostgreSQL 13+ through psycopg2 (``snapshot`` watermarks need 13+).
 
@@ -427,8 +131,9 @@ class PostgresSource(SqlSource[SnapshotInfo]):
     product = "PostgreSQL"
     driver_error = psycopg2.Error
     begin_snapshot = ("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY",)
+    dialect = DIALECT
     _coerce_value = staticmethod(coerce_value)
-    _expects = staticmethod(_expects)
+    _expects = staticmethod(expects)
 
     def __init__(self, url: str | ConnectionSettings, *, connect_timeout: float = 10.0) -> None:
         self.settings = url if isinstance(url, ConnectionSettings) else parse_postgres_url(url)
@@ -531,6 +236,13 @@ class PostgresSource(SqlSource[SnapshotInfo]):
             " ELSE pg_current_wal_lsn() END::text"
         )[0][0]
         return lsn_to_int(str(value))
+
+    def log_lag(
+        self, position: str | None, offset: Offset | None
+    ) -> tuple[str, int | None, str | None]:
+        """(head LSN, bytes behind, why unknown) of a stream that committed ``position`` and
+        reader ``offset``: WAL bytes from its flush LSN to the server's current LSN."""
+        return lag.wal_lag(self, position, offset)
 
     def current_snapshot(self) -> XidSnapshot:
         """``pg_current_snapshot()`` now: its xmin is the horizon every later snapshot is above."""
@@ -704,80 +416,11 @@ class PostgresSource(SqlSource[SnapshotInfo]):
                 log.warning("%s; %s", problem, fix)
         return found
 
-    # -- keyset SQL -------------------------------------------------------------------------
+    # -- rows -------------------------------------------------------------------------
 
     @staticmethod
     def _ident(table: TableId) -> sql.Composed:
         return sql.SQL("{}.{}").format(sql.Identifier(table.db), sql.Identifier(table.table))
-
-    @staticmethod
-    def _row(columns: Sequence[str]) -> sql.Composable:
-        return sql.SQL("({})").format(sql.SQL(", ").join(map(sql.Identifier, columns)))
-
-    @staticmethod
-    def _params(n: int) -> sql.Composable:
-        return sql.SQL("({})").format(sql.SQL(", ").join(sql.Placeholder() * n))
-
-    def range_sql(
-        self,
-        table: TableId,
-        columns: Sequence[str] | None,
-        lower: Key | None,
-        upper: Key | None,
-        *,
-        limit: int | None = None,
-        offset: int | None = None,
-        descending: bool = False,
-    ) -> tuple[sql.Composed, list[Any]]:
-        """``SELECT cols FROM t WHERE (key) > (lower) AND (key) <= (upper) ORDER BY key ...``."""
-        info = self.table_info(table)
-        key = info.schema.key
-        where: list[sql.Composable] = []
-        params: list[Any] = []
-        if lower is not None:
-            where.append(sql.SQL("{} > {}").format(self._row(key), self._params(len(key))))
-            params.extend(check_arity(table, key, lower))
-        if upper is not None:
-            where.append(sql.SQL("{} <= {}").format(self._row(key), self._params(len(key))))
-            params.extend(check_arity(table, key, upper))
-        direction = sql.SQL(" DESC" if descending else "")
-        query = sql.SQL("SELECT {cols} FROM {table}{where} ORDER BY {order}").format(
-            # ``*``: a chunk SELECT must not name a column an ALTER just dropped
-            cols=sql.SQL("*")
-            if columns is None
-            else sql.SQL(", ").join(map(sql.Identifier, columns)),
-            table=self._ident(table),
-            where=sql.SQL(" WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL(""),
-            order=sql.SQL(", ").join(sql.Identifier(k) + direction for k in key),
-        )
-        if offset:
-            query += sql.SQL(" OFFSET %s")
-            params.append(int(offset))
-        if limit is not None:
-            query += sql.SQL(" LIMIT %s")
-            params.append(int(limit))
-        return query, params
-
-    def chunk_sql(
-        self, table: TableId, lower: Key | None, upper: Key | None, limit: int
-    ) -> tuple[sql.Composed, list[Any]]:
-        """The chunk SELECT (``*``: it must not name a column an ALTER just dropped)."""
-        return self.range_sql(table, None, lower, upper, limit=limit)
-
-    def keys_sql(self, table: TableId, keys: Sequence[Key]) -> tuple[sql.Composed, list[Any]]:
-        """``SELECT * FROM t WHERE (key) IN ((%s, %s), ...) ORDER BY key``."""
-        info = self.table_info(table)
-        key = info.schema.key
-        params: list[Any] = []
-        for k in keys:
-            params.extend(check_arity(table, key, k))
-        query = sql.SQL("SELECT * FROM {table} WHERE {row} IN ({values}) ORDER BY {order}").format(
-            table=self._ident(table),
-            row=self._row(key),
-            values=sql.SQL(", ").join([self._params(len(key))] * len(keys)),
-            order=sql.SQL(", ").join(map(sql.Identifier, key)),
-        )
-        return query, params
 
     def _fetch_rows(
         self, cur: psycopg2.extensions.cursor, key: Sequence[str]
@@ -803,17 +446,6 @@ class PostgresSource(SqlSource[SnapshotInfo]):
 
     # -- Source protocol --------------------------------------------------------------------
 
-    def max_key(self, table: TableId) -> Key | None:
-        key = self._key(table)
-        query, params = self.range_sql(table, key, None, None, limit=1, descending=True)
-
-        def work(cur: psycopg2.extensions.cursor) -> Key | None:
-            cur.execute(query, params)
-            keys = self._fetch_keys(cur)
-            return keys[0] if keys else None
-
-        return self._run(f"read the largest key of {table}", work)
-
     def estimate_rows(self, table: TableId) -> int:
         """The planner's estimate (``pg_class.reltuples``); never a ``count(*)``."""
         oid = self.table_info(table).oid
@@ -828,19 +460,6 @@ class PostgresSource(SqlSource[SnapshotInfo]):
         if reltuples is not None and reltuples >= 0:
             return int(reltuples)
         return int(live or 0)  # never analyzed/vacuumed (reltuples = -1): the stats counter
-
-    def next_bound(self, table: TableId, after: Key | None, upto: Key, n: int) -> Key | None:
-        if n < 1:
-            raise ValueError("n must be >= 1")
-        key = self._key(table)
-        query, params = self.range_sql(table, key, after, upto, offset=n - 1, limit=1)
-
-        def work(cur: psycopg2.extensions.cursor) -> Key | None:
-            cur.execute(query, params)
-            keys = self._fetch_keys(cur)
-            return keys[0] if keys else None
-
-        return self._run(f"find the next chunk bound of {table}", work)
 
     # -- watermarks -------------------------------------------------------------------------
 

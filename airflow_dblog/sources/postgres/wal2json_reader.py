@@ -41,7 +41,7 @@ Offsets and acknowledgements
 Row images
     Values are converted with psycopg2's own typecasters, looked up by the type OID wal2json
     reports (``include-type-oids``), so they equal what :class:`PostgresSource` SELECTs return
-    (see the type table in :mod:`airflow_dblog.sources.postgres`). Inserts carry ``after``;
+    (see the type table in :mod:`airflow_dblog.sources.postgres.source`). Inserts carry ``after``;
     deletes carry ``before`` = the replica identity: key columns only under REPLICA IDENTITY
     DEFAULT, the whole row under FULL. Updates carry ``before`` only under FULL. An update that
     changes the primary key is emitted as a delete of the old key followed by an insert of the
@@ -61,16 +61,14 @@ run a dump of the table afterwards.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
-import decimal
 import json
 import logging
 import re
 import select
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg2
@@ -82,15 +80,15 @@ from airflow_dblog.core.position import Position, int_to_lsn, lsn_to_int
 from airflow_dblog.errors import SourceError
 from airflow_dblog.redact import redact
 from airflow_dblog.sources.base import Offset, StreamReader
-from airflow_dblog.sources.postgres import (
+from airflow_dblog.sources.postgres.connection import (
     SESSION_OPTIONS,
-    WATERMARK_TABLE_ID,
     ConnectionSettings,
-    PostgresSource,
-    bytes_deep,
     connect_error,
     parse_postgres_url,
 )
+from airflow_dblog.sources.postgres.source import WATERMARK_TABLE_ID, PostgresSource
+from airflow_dblog.sources.postgres.wal_values import Converter, identity, value_converter
+from airflow_dblog.sources.registry import ReaderSettings
 
 log = logging.getLogger(__name__)
 
@@ -108,77 +106,6 @@ _TS_RE = re.compile(
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _DECODER = json.JSONDecoder(parse_float=str)  # numbers keep their text: numeric stays exact
 _SCAN = _DECODER.scan_once  # wal2json writes one compact object per message: no whitespace
-
-# type OIDs with a fixed conversion of wal2json's JSON value (psycopg2's default casters agree)
-_INT_OIDS = frozenset({20, 21, 23, 26})
-_FLOAT_OIDS = frozenset({700, 701})
-_STR_OIDS = frozenset({18, 19, 25, 1042, 1043})
-_BOOL_OID, _BYTEA_OID, _NUMERIC_OID = 16, 17, 1700  # uuid: str unless a caster is registered
-_JSON_OIDS = frozenset({114, 3802})
-
-
-def _identity(value: Any) -> Any:
-    return value
-
-
-def _to_float(value: Any) -> float:
-    return float(value)
-
-
-def _to_decimal(value: Any) -> decimal.Decimal:
-    return decimal.Decimal(value)
-
-
-def _from_hex(value: str) -> bytes:
-    return bytes.fromhex(value)
-
-
-_CHANGE_FIELDS = (
-    "table", "op", "key", "position", "before", "after", "ts_ms", "xid", "gtid", "dump_id",
-    "chunk_id", "extra",
-)  # fmt: skip
-# Building a frozen dataclass through its __init__ costs one object.__setattr__ per field;
-# filling __dict__ in one go is ~3x faster and gives an equal object. Only done while
-# ChangeEvent is a plain dataclass with exactly these fields (no slots, no __post_init__).
-_FAST_EVENTS = (
-    tuple(f.name for f in dataclasses.fields(ChangeEvent)) == _CHANGE_FIELDS
-    and not hasattr(ChangeEvent, "__slots__")
-    and not hasattr(ChangeEvent, "__post_init__")
-)
-_new = object.__new__
-
-
-def _change_event(
-    table: TableId,
-    op: str,
-    key: tuple[Any, ...],
-    position: Position,
-    before: Row | None,
-    after: Row | None,
-    ts_ms: int,
-    xid: int,
-    extra: dict[str, Any],
-) -> ChangeEvent:
-    if not _FAST_EVENTS:
-        return ChangeEvent(table, op, key, position, before, after, ts_ms, xid, extra=extra)  # type: ignore[arg-type]
-    event = _new(ChangeEvent)
-    event.__dict__.update(
-        {
-            "table": table,
-            "op": op,
-            "key": key,
-            "position": position,
-            "before": before,
-            "after": after,
-            "ts_ms": ts_ms,
-            "xid": xid,
-            "gtid": None,
-            "dump_id": None,
-            "chunk_id": None,
-            "extra": extra,
-        }
-    )
-    return event
 
 
 def commit_ts_ms(text: str) -> int:
@@ -241,6 +168,14 @@ def parse_offset(offset: Offset) -> tuple[Position | None, int]:
             f"the saved reader offset {offset!r} is not a wal2json reader offset",
             "the checkpoint belongs to another source type or version: start a new stream",
         ) from None
+
+
+def open_wal2json_reader(
+    url: str, settings: ReaderSettings, offset: Offset | None
+) -> Wal2jsonReader:
+    """The stream's reader on its slot: ``source.slot``, else one named after the stream."""
+    slot = settings.slot or f"dblog_{settings.stream.replace('-', '_').lower()}"
+    return Wal2jsonReader(url, settings.tables, slot=slot, offset=offset)
 
 
 class Wal2jsonReader(StreamReader):
@@ -340,7 +275,7 @@ class Wal2jsonReader(StreamReader):
             )
         self._skip_upto = self._last  # items at or before this were returned by an earlier reader
         self._xid_ref = src.next_xid()
-        self._conv: dict[int, Callable[[Any], Any]] = {}
+        self._conv: dict[int, Converter] = {}
         self._tids: dict[tuple[str, str], TableId] = {
             (WATERMARK_TABLE_ID.db, WATERMARK_TABLE_ID.table): WATERMARK_TABLE_ID
         }
@@ -698,56 +633,23 @@ class Wal2jsonReader(StreamReader):
             tid = self._tids[(schema, table)] = TableId(schema, table)
         return tid
 
-    def _converter(self, oid: int) -> Callable[[Any], Any]:
+    def _converter(self, oid: int) -> Converter:
         conv = self._conv.get(oid)
         if conv is None:
             conv = self._conv[oid] = self._make_converter(oid)
         return conv
 
-    def _make_converter(self, oid: int) -> Callable[[Any], Any]:
-        casters = psycopg2.extensions.string_types
+    def _make_converter(self, oid: int) -> Converter:
         base = oid
-        if oid >= 10000 or oid not in casters:  # user types: domains convert as their base type
+        if oid >= 10000 or oid not in psycopg2.extensions.string_types:
+            # user types: domains convert as their base type
             rows = self.source.query(
                 "SELECT CASE WHEN typtype = 'd' THEN typbasetype ELSE oid END"
                 " FROM pg_type WHERE oid = %s",
                 (oid,),
             )
             base = int(rows[0][0]) if rows else oid
-        if base != oid:
-            # a domain: wal2json prints it as the base type's text (quoted, bytea with \x),
-            # so psycopg2's caster of the base type reads it exactly like a SELECT does
-            domain_caster = casters.get(base)
-            if domain_caster is None:
-                return _identity
-            cursor = self._cur
-
-            def cast_domain(value: Any) -> Any:
-                text = value if isinstance(value, str) else str(value)
-                return bytes_deep(domain_caster(text, cursor))
-
-            return cast_domain
-        if base in _INT_OIDS or base == _BOOL_OID:
-            return _identity
-        if base in _STR_OIDS:
-            return _identity
-        if base in _FLOAT_OIDS:
-            return _to_float
-        if base == _NUMERIC_OID:
-            return _to_decimal
-        if base == _BYTEA_OID:
-            return _from_hex
-        if base in _JSON_OIDS and casters.get(base) is not None:
-            return json.loads
-        caster = casters.get(base)
-        if caster is None:
-            return _identity  # enums, composites, ...: psycopg2 returns the text too
-        cursor = self._cur
-
-        def cast(value: Any) -> Any:
-            return bytes_deep(caster(value if isinstance(value, str) else str(value), cursor))
-
-        return cast
+        return value_converter(oid, base, self._cur)
 
     def _row(self, columns: list[dict[str, Any]]) -> Row:
         row: Row = {}
@@ -757,7 +659,7 @@ class Wal2jsonReader(StreamReader):
             if value is not None:
                 oid = c["typeoid"]
                 f = conv[oid] if oid in conv else self._converter(oid)
-                if f is not _identity:
+                if f is not identity:
                     value = f(value)
             row[c["name"]] = value
         return row
@@ -794,12 +696,12 @@ class Wal2jsonReader(StreamReader):
         if action == "I":
             assert after is not None
             key = tuple([after.get(k) for k in pk])
-            self._emit(_change_event(tid, "c", key, self._position(), None, after, ts, xid, {}))
+            self._emit(ChangeEvent(tid, "c", key, self._position(), None, after, ts, xid))
             return
         if action == "D":
             before = old or {}
             key = tuple([before.get(k) for k in pk])
-            self._emit(_change_event(tid, "d", key, self._position(), before, None, ts, xid, {}))
+            self._emit(ChangeEvent(tid, "d", key, self._position(), before, None, ts, xid))
             return
         assert after is not None
         full_old = old is not None and len(old) > len(pk)  # more than the key: a whole row
@@ -813,13 +715,17 @@ class Wal2jsonReader(StreamReader):
         if old_key != key:
             deleted = {"pk_change": "deleted"}
             self._emit(
-                _change_event(tid, "d", old_key, self._position(), old, None, ts, xid, deleted)
+                ChangeEvent(tid, "d", old_key, self._position(), old, None, ts, xid, extra=deleted)
             )
             extra["pk_change"] = "inserted"
-            self._emit(_change_event(tid, "c", key, self._position(), None, after, ts, xid, extra))
+            self._emit(
+                ChangeEvent(tid, "c", key, self._position(), None, after, ts, xid, extra=extra)
+            )
             return
         before = old if full_old else None
-        self._emit(_change_event(tid, "u", key, self._position(), before, after, ts, xid, extra))
+        self._emit(
+            ChangeEvent(tid, "u", key, self._position(), before, after, ts, xid, extra=extra)
+        )
 
     def _may_miss(self, tid: TableId, after: Row) -> bool:
         """Whether an update's new image lacks columns the table has (unchanged TOAST)."""

@@ -62,13 +62,11 @@ stream's row of the shared watermark table.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import random
 import select
 import ssl
 import time
-import uuid
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -77,7 +75,7 @@ from typing import Any
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.constants import BINLOG, FIELD_TYPE
+from pymysqlreplication.constants import BINLOG
 from pymysqlreplication.event import (
     GtidEvent,
     HeartbeatLogEvent,
@@ -99,19 +97,18 @@ from airflow_dblog.core.gtid import GtidSet, MysqlGtidSet
 from airflow_dblog.core.position import Position, binlog_file_index
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.sources.base import Offset, StreamReader
-from airflow_dblog.sources.mysql import (
-    END_OF_EVENT,
-    WATERMARK_TABLE_ID,
+from airflow_dblog.sources.mysql.binlog_codecs import column_converters, shape_matches
+from airflow_dblog.sources.mysql.connection import (
     ConnectionSettings,
-    MysqlSource,
-    TableInfo,
     connect_error,
     parse_mysql_url,
 )
+from airflow_dblog.sources.mysql.schema import TableInfo
+from airflow_dblog.sources.mysql.source import END_OF_EVENT, WATERMARK_TABLE_ID, MysqlSource
+from airflow_dblog.sources.registry import ReaderSettings
 
 log = logging.getLogger(__name__)
 
-_RAW_BYTES = "dblog-raw-bytes"  # a charset name Python has no codec for: the library keeps bytes
 _PURGED_CODES = {1236}
 LINGER_S = 0.002  # a read that has events waits this long for more before returning them
 _TRX_NEUTRAL = ("SAVEPOINT", "ROLLBACK TO", "RELEASE SAVEPOINT", "XA START", "XA END")
@@ -124,10 +121,26 @@ def server_id_for(name: str) -> int:
     return 1 + zlib.crc32(name.encode()) % (2**31 - 1)
 
 
-class _StreamReader(BinLogStreamReader):
-    """pymysqlreplication reconnects by itself, at its last event, or connected by GTID at the
-    first GTID again (events read since would come twice). Here a reconnect is a lost
-    connection: the reader reopens at its own resume point, checking the server first."""
+def open_binlog_reader(url: str, settings: ReaderSettings, offset: Offset | None) -> BinlogReader:
+    """The stream's reader: its server id derived from the stream name unless configured (two
+    replicas with one server id on a server disconnect each other), the watermark table read
+    only by the ``table`` strategy (a read-only strategy's user may not see it)."""
+    return BinlogReader(
+        url,
+        settings.tables,
+        offset=offset,
+        server_id=settings.server_id or server_id_for(settings.stream),
+        watermark_table=WATERMARK_TABLE_ID if settings.watermark == "table" else None,
+        watermark_stream=settings.stream,
+    )
+
+
+class _NoReconnectBinlogStream(BinLogStreamReader):
+    """A binlog stream that never reconnects by itself.
+
+    pymysqlreplication reconnects at its last event, or connected by GTID at the first GTID
+    again (events read since would come twice). Here a reconnect is a lost connection: the
+    reader reopens at its own resume point, checking the server first."""
 
     _connected = False
 
@@ -205,153 +218,6 @@ class _TableCodec:
     watermark: bool
 
 
-def _binary(length: int | None) -> Callable[[Any], Any]:
-    """Binary columns: bytes (Python decodes b"" to "" without asking the codec), BINARY(n)
-    padded with the zero bytes the binlog strips and a SELECT returns."""
-
-    def raw(value: Any) -> Any:
-        if isinstance(value, str) and not value:
-            value = b""
-        if length and isinstance(value, (bytes, bytearray)) and len(value) < length:
-            return bytes(value).ljust(length, b"\x00")
-        return value
-
-    return raw
-
-
-def _bits(nbytes: int) -> Callable[[Any], Any]:
-    def bits(value: Any) -> Any:
-        if isinstance(value, str):
-            return int(value, 2).to_bytes(nbytes, "big") if value else b"\x00" * nbytes
-        return value
-
-    return bits
-
-
-def _set_text(order: list[str] | None) -> Callable[[Any], Any]:
-    rank = {v: i for i, v in enumerate(order or [])}
-
-    def text(value: Any) -> Any:
-        if isinstance(value, (set, frozenset)):
-            return ",".join(sorted(value, key=lambda v: rank.get(v, len(rank))))
-        return value
-
-    return text
-
-
-def _json_plain(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, dict):
-        return {_json_plain(k): _json_plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_plain(v) for v in value]
-    return value
-
-
-def _json_text(value: Any) -> Any:
-    if value is None or isinstance(value, str):
-        return value
-    return json.dumps(_json_plain(value), ensure_ascii=False)
-
-
-def _uuid_text(value: Any) -> Any:
-    """MariaDB's UUID type is logged as its 16 bytes; a SELECT returns the text form."""
-    if isinstance(value, (bytes, bytearray)) and len(value) == 16:
-        return str(uuid.UUID(bytes=bytes(value)))
-    return value
-
-
-def _float_text(value: Any) -> Any:
-    """FLOAT is logged as a 4-byte float; a SELECT returns the server's 6-digit text form."""
-    if isinstance(value, float):
-        return float(f"{value:.6g}")
-    return value
-
-
-_UNSIGNED_BITS = {
-    FIELD_TYPE.TINY: 8,
-    FIELD_TYPE.SHORT: 16,
-    FIELD_TYPE.INT24: 24,
-    FIELD_TYPE.LONG: 32,
-    FIELD_TYPE.LONGLONG: 64,
-}
-
-
-def _enum_values(column_type: str) -> list[str]:
-    """``enum('a','b''c')`` -> ['a', "b'c"]."""
-    body = column_type[column_type.index("(") + 1 : column_type.rindex(")")]
-    values, current, quoted, i = [], "", False, 0
-    while i < len(body):
-        ch = body[i]
-        if quoted:
-            if ch == "'" and i + 1 < len(body) and body[i + 1] == "'":
-                current += "'"
-                i += 1
-            elif ch == "'":
-                quoted = False
-                values.append(current)
-                current = ""
-            elif ch == "\\" and i + 1 < len(body):
-                current += body[i + 1]
-                i += 1
-            else:
-                current += ch
-        elif ch == "'":
-            quoted = True
-        i += 1
-    return values
-
-
-_BINLOG_TYPES: dict[str, set[int]] = {
-    "tinyint": {FIELD_TYPE.TINY},
-    "smallint": {FIELD_TYPE.SHORT},
-    "mediumint": {FIELD_TYPE.INT24},
-    "int": {FIELD_TYPE.LONG},
-    "integer": {FIELD_TYPE.LONG},
-    "bigint": {FIELD_TYPE.LONGLONG},
-    "float": {FIELD_TYPE.FLOAT},
-    "double": {FIELD_TYPE.DOUBLE},
-    "decimal": {FIELD_TYPE.NEWDECIMAL, FIELD_TYPE.DECIMAL},
-    "date": {FIELD_TYPE.DATE, FIELD_TYPE.NEWDATE},
-    "datetime": {FIELD_TYPE.DATETIME, FIELD_TYPE.DATETIME2},
-    "timestamp": {FIELD_TYPE.TIMESTAMP, FIELD_TYPE.TIMESTAMP2},
-    "time": {FIELD_TYPE.TIME, FIELD_TYPE.TIME2},
-    "year": {FIELD_TYPE.YEAR},
-    "varchar": {FIELD_TYPE.VARCHAR, FIELD_TYPE.VAR_STRING},
-    "varbinary": {FIELD_TYPE.VARCHAR, FIELD_TYPE.VAR_STRING},
-    "char": {FIELD_TYPE.STRING},
-    "binary": {FIELD_TYPE.STRING},
-    "enum": {FIELD_TYPE.ENUM, FIELD_TYPE.STRING},
-    "set": {FIELD_TYPE.SET, FIELD_TYPE.STRING},
-    "bit": {FIELD_TYPE.BIT},
-    "tinytext": {FIELD_TYPE.BLOB},
-    "text": {FIELD_TYPE.BLOB},
-    "mediumtext": {FIELD_TYPE.BLOB},
-    "longtext": {FIELD_TYPE.BLOB},
-    "tinyblob": {FIELD_TYPE.BLOB},
-    "blob": {FIELD_TYPE.BLOB},
-    "mediumblob": {FIELD_TYPE.BLOB},
-    "longblob": {FIELD_TYPE.BLOB},
-    "json": {FIELD_TYPE.JSON, FIELD_TYPE.BLOB},
-}
-
-
-def _shape_matches(columns: list[Any], info: TableInfo) -> bool:
-    """Whether a table map's column types fit the table's current columns, one by one.
-
-    Without ``binlog_row_metadata=FULL`` the binlog carries no column names; the names are
-    taken from information_schema, which is right only while the shapes agree.
-    """
-    if len(columns) != len(info.columns):
-        return False
-    for col, ci in zip(columns, info.columns, strict=True):
-        expected = _BINLOG_TYPES.get(ci.data_type)
-        if expected is not None and col.type not in expected:
-            return False
-    return True
-
-
 class BinlogReader(StreamReader):
     """``ChangelogReader`` for MySQL 8 and MariaDB 10.5+."""
 
@@ -416,7 +282,7 @@ class BinlogReader(StreamReader):
         # (item, where a resumed reader starts, items of that transaction up to this one)
         self._pending: deque[tuple[LogItem, _Mark, int]] = deque()
         self._codecs: dict[int, _TableCodec | None] = {}
-        self._stream: _StreamReader | None = None
+        self._stream: _NoReconnectBinlogStream | None = None
         self._stream_start = (start_file, start_pos)
         self._opened = False  # a reopened connection checks that the server is still the same
         self._server_idle = False
@@ -522,7 +388,7 @@ class BinlogReader(StreamReader):
             "run a new full dump (dblog dump --all) after resetting the stream offset",
         )
 
-    def _open(self) -> _StreamReader:
+    def _open(self) -> _NoReconnectBinlogStream:
         file, pos = self._stream_start
         if self._opened and (now := self.source.identity()) != self.identity:
             # a failover behind the same address: these offsets mean other bytes there
@@ -539,7 +405,7 @@ class BinlogReader(StreamReader):
         schemas, names = {t.db for t in watched}, {t.table for t in watched}
         self._codecs.clear()
         by_gtid = file is None  # GTID auto-positioning; else file/position on both flavours
-        return _StreamReader(
+        return _NoReconnectBinlogStream(
             connection_settings=settings,
             server_id=self.server_id,
             resume_stream=True,
@@ -567,7 +433,7 @@ class BinlogReader(StreamReader):
             is_mariadb=by_gtid and self._mariadb,
             enable_logging=False,
             # a table id's map is decoded once per binlog file (see _step), not per transaction:
-            # re-decoding it was ~28% of the capture thread under single-row writes
+            # re-decoding it was a large share of the capture thread under single-row writes
             freeze_schema=True,
         )
 
@@ -847,9 +713,9 @@ class BinlogReader(StreamReader):
         columns = event.columns
         named = all(c.name for c in columns)
         info = self._info(table)
-        if not named and not _shape_matches(columns, info):
+        if not named and not shape_matches(columns, info):
             info = self._info(table, refresh=True)
-            if not _shape_matches(columns, info):
+            if not shape_matches(columns, info):
                 raise SourceError(
                     f"binlog rows of {table} do not match its columns in information_schema"
                     " (the table was altered after they were written) and the binlog does not"
@@ -860,35 +726,7 @@ class BinlogReader(StreamReader):
         if not named:
             for col, ci in zip(columns, info.columns, strict=True):
                 col.name = ci.name
-        by_name = {c.name: c for c in info.columns}
-        convert: list[tuple[str, Callable[[Any], Any]]] = []
-        for col in columns:
-            ci = by_name.get(col.name)
-            if col.type == FIELD_TYPE.BIT:
-                convert.append((col.name, _bits(int(getattr(col, "bytes", 1)))))
-            elif col.type == FIELD_TYPE.JSON:
-                convert.append((col.name, _json_text))
-            elif col.type == FIELD_TYPE.FLOAT:
-                convert.append((col.name, _float_text))
-            if ci is None:
-                continue
-            if ci.is_binary or ci.data_type == "uuid":
-                col.character_set_name = _RAW_BYTES
-            elif ci.charset and not col.character_set_name:
-                col.character_set_name = ci.charset
-            if ci.is_binary:
-                length = ci.char_length if ci.data_type == "binary" else None
-                convert.append((col.name, _binary(length)))
-            if ci.unsigned and col.type in _UNSIGNED_BITS and not col.unsigned:
-                col.unsigned = True
-            if ci.data_type == "enum" and not getattr(col, "enum_values", None):
-                col.enum_values = ["", *_enum_values(ci.column_type)]
-            if ci.data_type == "uuid":
-                convert.append((col.name, _uuid_text))
-            if ci.data_type == "set":
-                if not getattr(col, "set_values", None):
-                    col.set_values = _enum_values(ci.column_type)
-                convert.append((col.name, _set_text(col.set_values)))
+        convert = column_converters(columns, info)
         self._codecs[event.table_id] = _TableCodec(table, info.schema.key, convert, watermark)
 
     # -- rows -------------------------------------------------------------------------------

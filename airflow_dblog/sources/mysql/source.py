@@ -7,8 +7,8 @@ into SQL. Key order is the server's business (column collations decide how strin
 module never sorts keys in Python.
 
 Values come back in the types PyMySQL produces (int, str, Decimal, date, datetime, bytes, ...),
-and :mod:`airflow_dblog.sources.binlog_reader` converts binlog values to the same types, so a
-dumped row and a logged change of the same key compare equal. The session time zone is UTC so
+and :mod:`~airflow_dblog.sources.mysql.binlog_codecs` converts binlog values to the same types,
+so a dumped row and a logged change of the same key compare equal. The session time zone is UTC so
 TIMESTAMP columns read the same from a SELECT and from the binlog.
 
 Positions: ``SHOW MASTER STATUS`` and ``binlog_snapshot_position`` are *end* positions (the end of
@@ -18,27 +18,33 @@ every row of the event that ends there, before anything the log writes later.
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
 import logging
-import re
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
 import pymysql
 import pymysql.cursors
 
 from airflow_dblog.core.events import Row, TableId
 from airflow_dblog.core.gtid import GtidSet, parse_gtid_set
-from airflow_dblog.core.keys import check_arity
 from airflow_dblog.core.position import Position, binlog_file_index
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.redact import redact
-from airflow_dblog.sources.base import Column, Key, TableSchema
-from airflow_dblog.sources.sql import SqlSource, is_integral
+from airflow_dblog.sources.base import Column, Key, Offset, TableSchema
+from airflow_dblog.sources.mysql import lag
+from airflow_dblog.sources.mysql.connection import (
+    CONNECTION_LOST,
+    DENIED,
+    UNREACHABLE,
+    ConnectionSettings,
+    connect,
+    connect_error,
+    parse_mysql_url,
+)
+from airflow_dblog.sources.mysql.dialect import DIALECT, quote_ident, quote_table
+from airflow_dblog.sources.mysql.key_values import coerce_value, expects
+from airflow_dblog.sources.mysql.schema import ColumnInfo, TableInfo
+from airflow_dblog.sources.sql import SqlSource
 
 log = logging.getLogger(__name__)
 
@@ -48,130 +54,6 @@ WATERMARK_TABLE_ID = TableId(WATERMARK_DB, WATERMARK_TABLE)
 
 END_OF_EVENT = 2**32 - 1
 """Row index of a position that lies after every row of the event ending at its offset."""
-
-# Client-side codes PyMySQL raises when the connection is gone (worth one reconnect).
-_CONNECTION_LOST = {0, 1927, 2006, 2013, 2014, 2045, 2055, 4031}
-_UNREACHABLE = {2002, 2003, 2005}
-
-_INT_BITS = {"tinyint": 8, "smallint": 16, "mediumint": 24, "int": 32, "integer": 32, "bigint": 64}
-_BINARY_TYPES = {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"}
-
-
-# --------------------------------------------------------------------------------------------
-# connection settings
-
-
-@dataclass(frozen=True)
-class ConnectionSettings:
-    """Where and as whom to connect; ``repr`` and ``where`` never show the password."""
-
-    host: str
-    port: int
-    user: str
-    password: str
-    database: str | None = None
-    unix_socket: str | None = None
-    connect_timeout: float = 10.0
-
-    def __repr__(self) -> str:
-        return f"ConnectionSettings(host={self.host!r}, port={self.port}, user={self.user!r})"
-
-    @property
-    def where(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def pymysql_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {
-            "host": self.host,
-            "port": self.port,
-            "user": self.user,
-            "password": self.password,
-            "charset": "utf8mb4",
-            "connect_timeout": self.connect_timeout,
-        }
-        if self.unix_socket:
-            kwargs["unix_socket"] = self.unix_socket
-        return kwargs
-
-
-def parse_mysql_url(url: str) -> ConnectionSettings:
-    """``mysql://user:password@host:port/db`` (also ``mariadb://``, ``mysql+pymysql://``)."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port or 3306
-    except ValueError as err:
-        raise SourceError(
-            f"source.url is not a valid MySQL URL ({redact(str(err))})",
-            "write it as mysql://user:password@host:3306/db",
-        ) from None
-    scheme = parts.scheme.split("+", 1)[0]
-    if scheme not in ("mysql", "mariadb"):
-        raise SourceError(
-            f"source.url scheme {parts.scheme!r} is not mysql",
-            "write it as mysql://user:password@host:3306/db",
-        )
-    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-    timeout = float(query.get("connect_timeout", 10))
-    return ConnectionSettings(
-        host=parts.hostname or "127.0.0.1",
-        port=port,
-        user=unquote(parts.username or ""),
-        password=unquote(parts.password or ""),
-        database=unquote(parts.path.lstrip("/")) or None,
-        unix_socket=query.get("unix_socket"),
-        connect_timeout=timeout,
-    )
-
-
-def quote_ident(name: str) -> str:
-    """A MySQL identifier in backticks, embedded backticks doubled."""
-    if "\x00" in name:
-        raise InputError(f"identifier {name!r} contains a NUL character", "fix the table name")
-    return "`" + name.replace("`", "``") + "`"
-
-
-def quote_table(table: TableId) -> str:
-    return f"{quote_ident(table.db)}.{quote_ident(table.table)}"
-
-
-def connect(settings: ConnectionSettings, **extra: Any) -> pymysql.connections.Connection:
-    """A PyMySQL connection, or a SourceError naming host:port (never the password)."""
-    kwargs = settings.pymysql_kwargs()
-    kwargs.update(extra)
-    try:
-        return pymysql.connect(**kwargs)
-    except pymysql.MySQLError as err:
-        raise connect_error(settings, err) from None
-
-
-# access denied for a statement / a table / a database: a grant is missing
-_DENIED = (1227, 1142, 1044)
-
-
-def connect_error(settings: ConnectionSettings, err: BaseException) -> SourceError:
-    code = err.args[0] if err.args and isinstance(err.args[0], int) else None
-    text = redact(str(err.args[1] if len(err.args) > 1 else err))
-    if settings.password:
-        text = text.replace(settings.password, "***")
-    if code == 1045:
-        return SourceError(
-            f"MySQL at {settings.where} refused user {settings.user!r}: {text}",
-            "check the user and password in source.url",
-        )
-    if code in _DENIED:
-        return SourceError(
-            f"MySQL at {settings.where} denied user {settings.user!r} a privilege: {text}",
-            f"GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* and SELECT on the captured"
-            f" tables to {settings.user!r} (README: least privilege)",
-        )
-    return SourceError(
-        f"cannot reach MySQL at {settings.where}: {text}",
-        "check that the server is running and that source.url names the right host and port",
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# binlog settings
 
 
 def validate_binlog_variables(variables: Mapping[str, Any]) -> None:
@@ -204,10 +86,6 @@ def validate_binlog_variables(variables: Mapping[str, Any]) -> None:
             raise SourceError(f"{name} is ON; dblog cannot decode compressed binlog events: {fix}")
 
 
-# --------------------------------------------------------------------------------------------
-# table descriptions
-
-
 def mysql_gtids_before(events: Sequence[Sequence[Any]], offset: int) -> str | None:
     """The MySQL GTID set committed before ``offset`` (a transaction boundary) of one binlog
     file, from its ``SHOW BINLOG EVENTS`` rows (Log_name, Pos, Event_type, Server_id,
@@ -226,229 +104,6 @@ def mysql_gtids_before(events: Sequence[Sequence[Any]], offset: int) -> str | No
     return None if executed is None else str(executed)
 
 
-@dataclass(frozen=True)
-class ColumnInfo:
-    """What the source knows of a column beyond ``base.Column``."""
-
-    name: str
-    data_type: str  # lower-case DATA_TYPE: int, varchar, decimal, ...
-    column_type: str  # COLUMN_TYPE: int(11) unsigned, varchar(20), enum('a','b'), ...
-    nullable: bool
-    unsigned: bool
-    charset: str | None  # None: binary or not a string
-    char_length: int | None
-    scale: int | None
-
-    @property
-    def is_binary(self) -> bool:
-        return self.data_type in _BINARY_TYPES
-
-
-@dataclass(frozen=True)
-class TableInfo:
-    schema: TableSchema
-    columns: tuple[ColumnInfo, ...]
-
-    def column(self, name: str) -> ColumnInfo:
-        for col in self.columns:
-            if col.name == name:
-                return col
-        raise KeyError(name)
-
-
-# --------------------------------------------------------------------------------------------
-# key coercion
-
-
-def _expects(col: ColumnInfo) -> str:
-    kind = col.data_type
-    if kind in _INT_BITS:
-        return f"an integer ({col.column_type})"
-    if kind == "decimal":
-        return f"a decimal number ({col.column_type})"
-    if kind in ("float", "double", "real"):
-        return "a number"
-    if kind in _BINARY_TYPES:
-        return f"bytes, 0x-hex text or a UUID ({col.column_type})"
-    if kind == "date":
-        return "an ISO date like 2024-01-31"
-    if kind in ("datetime", "timestamp"):
-        return "an ISO date-time like 2024-01-31T12:00:00"
-    if kind == "time":
-        return "a time like 12:30:00 or seconds"
-    if kind == "uuid":
-        return "a UUID string"
-    return f"a string ({col.column_type})"
-
-
-def coerce_value(col: ColumnInfo, value: Any) -> Any:
-    """One JSON value in the Python type PyMySQL returns for ``col``; ValueError if it can't."""
-    kind = col.data_type
-    if value is None:
-        raise ValueError("primary key values cannot be null")
-    if kind in _INT_BITS or kind == "year":
-        if isinstance(value, bool):
-            raise ValueError
-        number = _as_int(value)
-        if kind in _INT_BITS:
-            bits = _INT_BITS[kind]
-            signed = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
-            low, high = (0, 2**bits - 1) if col.unsigned else signed
-            if not low <= number <= high:
-                raise ValueError(f"out of range {low}..{high}")
-        return number
-    if kind == "decimal":
-        if isinstance(value, bool) or not isinstance(value, (int, float, str, decimal.Decimal)):
-            raise ValueError
-        try:
-            number = decimal.Decimal(str(value).strip())
-        except decimal.InvalidOperation:
-            raise ValueError from None
-        if not number.is_finite():
-            raise ValueError
-        if col.scale is not None:
-            quantum = decimal.Decimal(1).scaleb(-col.scale)
-            rounded = number.quantize(quantum)
-            if rounded != number:
-                raise ValueError(f"has more than {col.scale} decimals")
-            number = rounded
-        return number
-    if kind in ("float", "double", "real"):
-        if isinstance(value, bool):
-            raise ValueError
-        return float(value)
-    if kind in _BINARY_TYPES:
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            data = bytes(value)
-        elif isinstance(value, uuid.UUID):
-            data = value.bytes
-        elif isinstance(value, str):
-            if re.fullmatch(r"0[xX]([0-9a-fA-F]{2})*", value):
-                data = bytes.fromhex(value[2:])
-            elif col.char_length == 16 and _looks_like_uuid(value):
-                data = uuid.UUID(value).bytes
-            else:
-                data = value.encode("utf-8")
-        else:
-            raise ValueError
-        if col.char_length is not None and len(data) > col.char_length:
-            raise ValueError(f"longer than {col.char_length} bytes")
-        if kind == "binary" and col.char_length:
-            data = data.ljust(col.char_length, b"\x00")
-        return data
-    if kind == "date":
-        if isinstance(value, dt.datetime):
-            raise ValueError
-        if isinstance(value, dt.date):
-            return value
-        if isinstance(value, str):
-            return dt.date.fromisoformat(value.strip())
-        raise ValueError
-    if kind in ("datetime", "timestamp"):
-        if isinstance(value, dt.datetime):
-            stamp = value
-        elif isinstance(value, str):
-            text = value.strip()
-            if text.endswith(("Z", "z")):
-                text = text[:-1] + "+00:00"
-            stamp = dt.datetime.fromisoformat(text)
-        else:
-            raise ValueError
-        if stamp.tzinfo is not None:
-            stamp = stamp.astimezone(dt.timezone.utc).replace(tzinfo=None)
-        return stamp
-    if kind == "time":
-        if isinstance(value, dt.timedelta):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return dt.timedelta(seconds=value)
-        if isinstance(value, str):
-            match = re.fullmatch(r"\s*(-)?(\d+):(\d\d):(\d\d)(?:\.(\d{1,6}))?\s*", value)
-            if match:
-                sign, h, m, s, frac = match.groups()
-                delta = dt.timedelta(
-                    hours=int(h),
-                    minutes=int(m),
-                    seconds=int(s),
-                    microseconds=int((frac or "0").ljust(6, "0")),
-                )
-                return -delta if sign else delta
-        raise ValueError
-    if kind == "uuid":
-        if isinstance(value, uuid.UUID):
-            return str(value)
-        if isinstance(value, str) and _looks_like_uuid(value):
-            return str(uuid.UUID(value))
-        raise ValueError
-    # strings: char, varchar, text, enum, set
-    if isinstance(value, uuid.UUID):
-        value = str(value)
-    if not isinstance(value, str):
-        raise ValueError
-    if col.char_length is not None and len(value) > col.char_length:
-        raise ValueError(f"longer than {col.char_length} characters")
-    if kind == "char":
-        value = value.rstrip(" ")  # CHAR drops trailing spaces on the way out
-    return value
-
-
-def _as_int(value: Any) -> int:
-    if isinstance(value, int):
-        return value
-    if not is_integral(value):
-        raise ValueError
-    return int(value)
-
-
-def _looks_like_uuid(text: str) -> bool:
-    try:
-        uuid.UUID(text)
-    except (ValueError, AttributeError, TypeError):
-        return False
-    return True
-
-
-# --------------------------------------------------------------------------------------------
-# keyset SQL
-
-
-def _keyset_after(cols: Sequence[str], values: Sequence[Any]) -> tuple[str, list[Any]]:
-    """``(cols) > (values)`` spelled so the range optimizer uses the key index.
-
-    ``c0 >= v0 AND (c0 > v0 OR (c0 = v0 AND c1 > v1) OR ...)``: MariaDB does not turn a row
-    constructor comparison into an index range, but it does turn this.
-    """
-    return _keyset(cols, values, ">")
-
-
-def _keyset_upto(cols: Sequence[str], values: Sequence[Any]) -> tuple[str, list[Any]]:
-    """``(cols) <= (values)``."""
-    return _keyset(cols, values, "<=")
-
-
-def _keyset(cols: Sequence[str], values: Sequence[Any], op: str) -> tuple[str, list[Any]]:
-    q = [quote_ident(c) for c in cols]
-    if len(q) == 1:
-        return f"{q[0]} {op} %s", [values[0]]
-    strict = op[0]  # ">" or "<"
-    last = op
-    disjuncts: list[str] = []
-    params: list[Any] = []
-    for i in range(len(q)):
-        terms = [f"{q[j]} = %s" for j in range(i)]
-        params.extend(values[:i])
-        terms.append(f"{q[i]} {last if i == len(q) - 1 else strict} %s")
-        params.append(values[i])
-        disjuncts.append(" AND ".join(terms))
-    bound = f"{q[0]} {strict}= %s"
-    sql = f"({bound} AND ({' OR '.join(f'({d})' for d in disjuncts)}))"
-    return sql, [values[0], *params]
-
-
-# --------------------------------------------------------------------------------------------
-# the source
-
-
 class MysqlSource(SqlSource[Position]):
     """``Source`` for MySQL 8 and MariaDB 10.5+ through PyMySQL.
 
@@ -462,8 +117,9 @@ class MysqlSource(SqlSource[Position]):
         "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",
         "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY",
     )
+    dialect = DIALECT
     _coerce_value = staticmethod(coerce_value)
-    _expects = staticmethod(_expects)
+    _expects = staticmethod(expects)
 
     def __init__(
         self,
@@ -496,7 +152,7 @@ class MysqlSource(SqlSource[Position]):
 
     def _error(self, err: pymysql.MySQLError, doing: str) -> SourceError:
         code = err.args[0] if err.args and isinstance(err.args[0], int) else None
-        if code in _UNREACHABLE or code in _CONNECTION_LOST or code in _DENIED:
+        if code in UNREACHABLE or code in CONNECTION_LOST or code in DENIED:
             return connect_error(self.settings, err)
         text = redact(str(err.args[1] if len(err.args) > 1 else err))
         return SourceError(f"MySQL at {self.where} failed to {doing}: ({code}) {text}")
@@ -507,7 +163,7 @@ class MysqlSource(SqlSource[Position]):
         if not isinstance(err, pymysql.err.OperationalError):
             return False
         code = err.args[0] if err.args and isinstance(err.args[0], int) else 0
-        return code in _CONNECTION_LOST
+        return code in CONNECTION_LOST
 
     def _failure(self, err: Exception, conn: Any, doing: str, lost: bool) -> Exception:
         assert isinstance(err, pymysql.MySQLError)
@@ -641,6 +297,13 @@ class MysqlSource(SqlSource[Position]):
         """(file, size in bytes) of every binlog file the server still has, oldest first."""
         return [(str(row[0]), int(row[1])) for row in self.query("SHOW BINARY LOGS")]
 
+    def log_lag(
+        self, position: str | None, offset: Offset | None
+    ) -> tuple[str, int | None, str | None]:
+        """(head, bytes behind, why unknown) of a stream that committed ``position`` and
+        reader ``offset``: binlog bytes from there to the end of the binlog."""
+        return lag.binlog_lag(self, position, offset)
+
     def gtid_executed(self) -> str:
         """The executed GTID set: MariaDB ``@@gtid_binlog_pos``, MySQL ``@@gtid_executed``."""
         if self.flavor == "mariadb":
@@ -713,16 +376,6 @@ class MysqlSource(SqlSource[Position]):
         """Drop the cached description of ``table`` (after DDL)."""
         self._tables.pop(table, None)
 
-    def max_key(self, table: TableId) -> Key | None:
-        key = self._key(table)
-        cols = ", ".join(quote_ident(c) for c in key)
-        order = ", ".join(f"{quote_ident(c)} DESC" for c in key)
-        rows = self.query(
-            f"SELECT {cols} FROM {quote_table(table)} FORCE INDEX (PRIMARY)"
-            f" ORDER BY {order} LIMIT 1"
-        )
-        return tuple(rows[0]) if rows else None
-
     def estimate_rows(self, table: TableId) -> int:
         """The optimizer's row estimate (``EXPLAIN``), not a COUNT(*)."""
         self.table_info(table)
@@ -746,51 +399,6 @@ class MysqlSource(SqlSource[Position]):
             estimate = int(rows[0][0] or 0) if rows else 0
         return max(0, estimate)
 
-    def _range_sql(
-        self,
-        table: TableId,
-        select: str,
-        lower: Key | None,
-        upper: Key | None,
-        limit: int,
-        offset: int = 0,
-    ) -> tuple[str, list[Any]]:
-        key = self._key(table)
-        where: list[str] = []
-        params: list[Any] = []
-        if lower is not None:
-            sql, values = _keyset_after(key, check_arity(table, key, lower))
-            where.append(sql)
-            params.extend(values)
-        if upper is not None:
-            sql, values = _keyset_upto(key, check_arity(table, key, upper))
-            where.append(sql)
-            params.extend(values)
-        order = ", ".join(quote_ident(c) for c in key)
-        text = f"SELECT {select} FROM {quote_table(table)} FORCE INDEX (PRIMARY)"
-        if where:
-            text += " WHERE " + " AND ".join(where)
-        text += f" ORDER BY {order} LIMIT %s"
-        params.append(int(limit))
-        if offset:
-            text += " OFFSET %s"
-            params.append(int(offset))
-        return text, params
-
-    def chunk_sql(
-        self, table: TableId, lower: Key | None, upper: Key | None, limit: int
-    ) -> tuple[str, list[Any]]:
-        """The chunk SELECT and its parameters."""
-        return self._range_sql(table, "*", lower, upper, limit)
-
-    def next_bound(self, table: TableId, after: Key | None, upto: Key, n: int) -> Key | None:
-        if n < 1:
-            raise InputError(f"chunk size must be >= 1, got {n}", "set dump.chunk_size >= 1")
-        cols = ", ".join(quote_ident(c) for c in self._key(table))
-        sql, params = self._range_sql(table, cols, after, upto, 1, n - 1)
-        rows = self.query(sql, params)
-        return tuple(rows[0]) if rows else None
-
     @staticmethod
     def _fetch_rows(cur: pymysql.cursors.Cursor, key: Sequence[str]) -> list[tuple[Key, Row]]:
         names = [d[0] for d in cur.description]
@@ -799,24 +407,6 @@ class MysqlSource(SqlSource[Position]):
         for values in cur.fetchall():
             out.append((tuple(values[i] for i in index), dict(zip(names, values, strict=True))))
         return out
-
-    def keys_sql(self, table: TableId, keys: Sequence[Key]) -> tuple[str, list[Any]]:
-        """The key-list SELECT of one batch and its parameters."""
-        key = self._key(table)
-        q = [quote_ident(c) for c in key]
-        params: list[Any] = []
-        for k in keys:
-            params.extend(check_arity(table, key, k))
-        if len(q) == 1:
-            where = f"{q[0]} IN ({', '.join(['%s'] * len(keys))})"
-        else:
-            one = "(" + " AND ".join(f"{c} = %s" for c in q) + ")"
-            where = " OR ".join([one] * len(keys))
-        sql = (
-            f"SELECT * FROM {quote_table(table)} FORCE INDEX (PRIMARY) WHERE {where}"
-            f" ORDER BY {', '.join(q)}"
-        )
-        return sql, params
 
     # -- watermarks -------------------------------------------------------------------------
 
