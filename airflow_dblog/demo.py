@@ -28,7 +28,6 @@ import pymysql
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.progress import progress_line
 
 DB = "dblog_demo"
 CUSTOMERS, ORDERS = 2_000, 10_000
@@ -36,7 +35,7 @@ TABLES = {"customers": ("id",), "orders": ("order_id", "line")}
 
 
 def _connect(url: str) -> Any:
-    from airflow_dblog.sources.mysql import parse_mysql_url
+    from airflow_dblog.sources.mysql.connection import parse_mysql_url
 
     return pymysql.connect(**parse_mysql_url(url).pymysql_kwargs(), autocommit=True)
 
@@ -239,9 +238,9 @@ def main(argv: list[str] | None = None) -> int:
                 "failed",
                 "cancelled",
             ):
-                print(f"[demo] {progress_line(progress)}")
+                print(f"[demo] {progress.line()}")
                 time.sleep(3)
-            print(f"[demo] {progress_line(progress)}")
+            print(f"[demo] {progress.line()}")
             print(f"[demo] write load: {counts}")
         print("[demo] write load stopped; waiting for the stream to catch up")
         result = wait_until_equal(url, str(out / "delta"))

@@ -5,7 +5,7 @@ process holds the ``ha`` leader lease, or, without ``ha``, the stream committed 
 and, if the process it started died, again within 5 s) and else starts it detached from the
 task, where ``DBLOG_STREAM_MODE`` says: ``local`` (default: ``dblog stream -c FILE`` on this
 worker, the config's ``spark.master``) or ``spark-submit`` (``spark-submit
-$DBLOG_SPARK_SUBMIT_ARGS spark_jobs/dblog_stream.py -c FILE``, e.g. ``--master
+$DBLOG_SPARK_SUBMIT_ARGS airflow_dblog/cli/spark_submit.py -c FILE``, e.g. ``--master
 spark://spark-master:7077``). Its output goes to ``<checkpoint>/launcher/stream.log``; the task
 fails naming that file if the stream exits or does not commit within two minutes.
 

@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# The test command (README, CI): system packages, Python environment, local services, ruff, pytest.
+# The test command (README, CI): system packages, Python environment, local services, ruff,
+# lint-imports, pytest.
 #
-#   scripts/test.sh [PYTEST_ARGS...]     e.g. scripts/test.sh -m "not integration" -x
+#   scripts/test.sh [--unit | --integration | --system] [PYTEST_ARGS...]
+#
+#   (no tier)      every test (CI), e.g. scripts/test.sh -x
+#   --unit         tests/unit only: no server, no JVM. Steps 1 and 3 are skipped (no apt-get, no
+#                  services); the .venv, the linters and the tests run as below.
+#   --integration  tests/integration only: one real server at a time.
+#   --system       tests/system only: the whole job (stream processes, the Spark cluster, Airflow).
 #
 # 1. apt-get installs what is missing (MariaDB, PostgreSQL 15 + wal2json, ZooKeeper, a JRE,
 #    Maven, python3-venv) -- only when something is missing.
@@ -9,8 +16,9 @@
 #    pyproject.toml changed (DBLOG_PIP_INSTALL=1 forces it).
 # 3. scripts/services.sh up (MariaDB, PostgreSQL, ZooKeeper, Kafka, the S3 object store, the Spark
 #    standalone cluster, Spark connector jars).
-# 4. ruff check . and pytest "$@". Exit status: pytest's (5 = no tests collected counts as a
-#    failure), or ruff's if only ruff failed.
+# 4. ruff check ., lint-imports (the package's layers, pyproject.toml's [tool.importlinter]) and
+#    pytest [the tier's folder] "$@". Exit status: pytest's (5 = no tests collected counts as a
+#    failure), else ruff's, else lint-imports'.
 #
 # Services are left running afterwards (fast re-runs); DBLOG_STOP_SERVICES=1 stops them.
 # DBLOG_SETUP_ONLY=1 stops after step 3 (scripts/demo.sh uses it).
@@ -34,19 +42,40 @@ on_exit() {
 }
 trap on_exit EXIT
 
+tier=
+case "${1:-}" in
+    --unit | --integration | --system)
+        tier=${1#--}
+        shift
+        ;;
+esac
+tier_paths=()
+[ -z "$tier" ] || tier_paths=("tests/$tier")
+
 PYTHON=${PYTHON:-python3}
 
 # --- 1. system packages ----------------------------------------------------------------------
-extra=()
-command -v "$PYTHON" >/dev/null 2>&1 || extra+=(python3)
-# Debian's python3 needs python3-venv for `-m venv` (ensurepip); other Pythons bring it along.
-if command -v "$PYTHON" >/dev/null 2>&1 && ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
-    extra+=(python3-venv)
+if [ "$tier" = unit ]; then
+    say "--unit: no system packages, no services"
+    if [ ! -x "$REPO_ROOT/.venv/bin/python" ] && ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null
+    then
+        say "$PYTHON cannot create a venv: apt-get install python3-venv (or run without --unit)"
+        exit 1
+    fi
+else
+    extra=()
+    command -v "$PYTHON" >/dev/null 2>&1 || extra+=(python3)
+    # Debian's python3 needs python3-venv for `-m venv` (ensurepip); other Pythons bring it.
+    if command -v "$PYTHON" >/dev/null 2>&1 && ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null
+    then
+        extra+=(python3-venv)
+    fi
+    # tests/system/provider/test_browser_e2e.py drives Debian's Chromium through Playwright
+    # (no browser download).
+    [ -x /usr/bin/chromium ] || extra+=(chromium fonts-liberation)
+    say "checking system packages"
+    scripts/services.sh deps "${extra[@]}"
 fi
-# tests/provider/test_browser_e2e.py drives Debian's Chromium through Playwright (no download).
-[ -x /usr/bin/chromium ] || extra+=(chromium fonts-liberation)
-say "checking system packages"
-scripts/services.sh deps "${extra[@]}"
 
 if [ -z "${JAVA_HOME:-}" ] && command -v java >/dev/null 2>&1; then
     JAVA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")
@@ -74,9 +103,11 @@ export PATH="$VENV/bin:$PATH"
 export VIRTUAL_ENV=$VENV
 
 # --- 3. services -----------------------------------------------------------------------------
-say "starting local services"
-scripts/services.sh up
-eval "$(scripts/services.sh env)"
+if [ "$tier" != unit ]; then
+    say "starting local services"
+    scripts/services.sh up
+    eval "$(scripts/services.sh env)"
+fi
 
 # --- 4. lint and tests -----------------------------------------------------------------------
 if [ "${DBLOG_SETUP_ONLY:-0}" = 1 ]; then
@@ -87,9 +118,13 @@ say "ruff check ."
 ruff_rc=0
 ruff check . || ruff_rc=$?
 
-say "pytest $*"
+say "lint-imports (layers)"
+layers_rc=0
+lint-imports --no-cache --no-logo || layers_rc=$?
+
+say "pytest ${tier_paths[*]} $*"
 pytest_rc=0
-pytest "$@" || pytest_rc=$?
+pytest ${tier_paths[@]+"${tier_paths[@]}"} "$@" || pytest_rc=$?
 
 if [ "$pytest_rc" = 5 ]; then
     say "pytest collected no tests: that is a failure"
@@ -97,5 +132,7 @@ elif [ "$pytest_rc" != 0 ]; then
     say "pytest failed (exit $pytest_rc)"
 fi
 [ "$ruff_rc" = 0 ] || say "ruff check failed (exit $ruff_rc)"
+[ "$layers_rc" = 0 ] || say "lint-imports failed (exit $layers_rc)"
 [ "$pytest_rc" != 0 ] && exit "$pytest_rc"
-exit "$ruff_rc"
+[ "$ruff_rc" != 0 ] && exit "$ruff_rc"
+exit "$layers_rc"

@@ -2,6 +2,9 @@
 
 Every failure prints one line ``dblog: error: ...`` naming the problem and the fix, and exits 2
 (bad input) or 1 (anything else); nothing is written before the input has been validated.
+The commands that reach the source database resolve an Airflow connection id in ``source.url``
+here, once (:func:`~airflow_dblog.provider.connections.resolved`); the layers below see a URL.
+:mod:`~airflow_dblog.cli.spark_submit` is the same ``stream`` command for ``spark-submit``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from airflow_dblog.core.events import TableId
 from airflow_dblog.core.keys import parse_keys
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.errors import ConfigError, DblogError, InputError
+from airflow_dblog.provider.connections import resolved
 from airflow_dblog.redact import redact
 
 
@@ -116,7 +120,7 @@ def _load(args: argparse.Namespace) -> tuple[Config, MetadataStore]:
 
 
 def _stream(args: argparse.Namespace) -> int:
-    config = load_config(args.config)
+    config = resolved(load_config(args.config))
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -135,7 +139,7 @@ def _dump(args: argparse.Namespace) -> int:
     store = MetadataStore(config.metadata_url)
     keys = [key for text in args.pk or [] for key in parse_keys(text)]
     dump_id = plan_dump(
-        config,
+        resolved(config),
         store,
         tables=None if args.all else args.table,
         keys=keys or None,
@@ -155,7 +159,7 @@ def _status(args: argparse.Namespace) -> int:
     if not args.dump:  # the stream's lag asks the source: only when it is asked for
         from airflow_dblog.engine.lag import stream_status
 
-        stream = stream_status(config, store)
+        stream = stream_status(resolved(config), store)
     if args.json:
         if args.dump:
             print(json.dumps(progress[0], indent=2))
@@ -211,10 +215,11 @@ def _optimize(args: argparse.Namespace) -> int:
     tables = [TableId.parse(t) for t in named]
     from delta.tables import DeltaTable  # imports pyspark: only when optimizing
 
+    from airflow_dblog.engine.configured_source import open_source
     from airflow_dblog.sinks.delta_sink import optimize, table_path
-    from airflow_dblog.sources import open_source
     from airflow_dblog.spark.session import build_spark_session
 
+    config = resolved(config)
     source = open_source(config)
     try:
         keys = {table: source.describe(table).key[0] for table in tables}
@@ -258,7 +263,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2 if isinstance(err, (ConfigError, InputError)) else 1
     except KeyboardInterrupt:
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

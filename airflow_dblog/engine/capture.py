@@ -32,13 +32,12 @@ from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef, ChunkRows
 from airflow_dblog.engine.chunk_runner import ChunkRunner, ThreadChunkRunner
 from airflow_dblog.engine.lag import source_time_ms
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.metadata.store import utcnow
+from airflow_dblog.engine.metadata.database import utcnow
 from airflow_dblog.engine.signals import SignalChannel
 from airflow_dblog.engine.spool import Spool
 from airflow_dblog.engine.spool_store import join
 from airflow_dblog.engine.watermarks import watermark_strategy
 from airflow_dblog.errors import DblogError
-from airflow_dblog.sources import source_url
 from airflow_dblog.sources.base import ChangelogReader, Offset, Source
 
 Published = ChangeEvent | ChunkRef
@@ -47,7 +46,7 @@ log = logging.getLogger(__name__)
 
 CONTROLS_REFRESH_S = 1.0
 # With no chunk to claim (no dump running), look for one at most this often: a busy log makes
-# many small steps, and a metadata query in each held the log back (~450 events/s)
+# many small steps, and a metadata query in each held the log back
 IDLE_CLAIM_S = 0.2
 SEGMENT_S = 0.25  # a segment holds at most this much of the log...
 SEGMENT_EVENTS = 5000  # ...or this many events
@@ -56,8 +55,8 @@ SELECT_POLL_S = 0.05  # while a SELECT runs, read the log in steps this short to
 # Dump rows in the spool that not every sink holds yet: beyond this many the next chunk waits,
 # so a busy log and a dump share the sinks' throughput and neither starves. Two chunks' worth
 # (x parallelism), and at least a few sink batches' worth: a sink's batch costs seconds however
-# small, and a dump that waited for each batch before selecting more would crawl (50,000
-# measured 1,600 rows/s into Delta + Kafka; 200,000 is the old 40-segment gate's backlog).
+# small, and a dump that waited for each batch before selecting more would crawl (a floor of
+# 200,000 keeps several sink batches' worth of dumped rows in flight).
 DUMP_ROWS_IN_FLIGHT_CHUNKS = 2
 DUMP_ROWS_IN_FLIGHT_MIN = 200_000
 
@@ -121,7 +120,7 @@ class Capture:
             worker,
             self.runner,
             self.files,
-            source_url(config),
+            config.source.url,
         )
         self.batch_id = batch_id
         self.settings: DumpSettings = config.dump

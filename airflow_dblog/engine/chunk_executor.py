@@ -1,6 +1,6 @@
 """Claim the next chunk of a dump, send its SELECT to a runner, register it with the merge.
 
-A chunk runs in three parts (:mod:`~airflow_dblog.engine.watermarks`): the strategy opens it on
+A chunk runs in three parts (:mod:`~airflow_dblog.sources.watermark`): the strategy opens it on
 the driver (MySQL's ``table`` mode registers its window and writes the low watermark), the
 runner selects it where it runs (a Spark executor) into its chunk file, and once the runner
 is done the driver registers the window if it was not yet, tells the merge the rows are ready
@@ -31,9 +31,9 @@ from airflow_dblog.engine.chunk_runner import ChunkRunner
 from airflow_dblog.engine.chunk_task import ChunkTask, error_of
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.metadata.models import Chunk, DumpTable
-from airflow_dblog.engine.watermarks import Opened, Selection, WatermarkStrategy
 from airflow_dblog.errors import DblogError, FencedError, MetadataError, SourceError
 from airflow_dblog.sources.base import Key, Source, TableSchema
+from airflow_dblog.sources.watermark import Opened, Selection, WatermarkStrategy
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 selected, the rows already in the chunk file.
 
 The streaming job runs them as Spark jobs on the executors
-(:class:`~airflow_dblog.spark.chunk_runner.SparkChunkRunner`); a stream without Spark (Kafka
+(:class:`~airflow_dblog.spark.chunk_jobs.SparkChunkRunner`); a stream without Spark (Kafka
 alone) and the engine's tests run them in driver threads (:class:`ThreadChunkRunner`). Both
 write the same Parquet folders and report the same
 :class:`~airflow_dblog.engine.chunk_file.ChunkSelected`.

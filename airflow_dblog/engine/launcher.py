@@ -16,11 +16,11 @@
    it.
 
 **Starting it** runs ``dblog stream -c FILE`` (``mode="local"``: the stream's own
-``spark.master``, e.g. ``local[*]``) or ``spark-submit ... spark_jobs/dblog_stream.py -c FILE``
-(``mode="spark-submit"``: master and resources from spark-submit's arguments; in client deploy
-mode, the only one standalone clusters offer Python jobs, the driver runs in that process) as
-a detached process: its own session, so it outlives the Airflow task that started it and no
-signal to the task's process group reaches it; output appended to a log file (default
+``spark.master``, e.g. ``local[*]``) or ``spark-submit ... airflow_dblog/cli/spark_submit.py -c
+FILE`` (``mode="spark-submit"``: master and resources from spark-submit's arguments; in client
+deploy mode, the only one standalone clusters offer Python jobs, the driver runs in that
+process) as a detached process: its own session, so it outlives the Airflow task that started
+it and no signal to the task's process group reaches it; output appended to a log file (default
 ``<checkpoint>/launcher/stream.log``); its pid, start time and command recorded next to it
 (``stream.pid``). Then it waits, bounded, until the new process has committed twice (two
 heartbeats newer than its start): a new stream's first one only saves its start position, before
@@ -32,11 +32,10 @@ attempt starts afresh), fails with one line naming the log file.
 **Why not Airflow's Apache Spark provider** (``SparkSubmitHook``): its ``submit()`` runs
 spark-submit and follows its output until it exits, the shape of a batch job; a stream that
 must outlive the task would block it forever, and ``on_kill`` ends it with the task. Only its
-private command builder would be of use. And its cost: apache-airflow-providers-apache-spark
-6.3.4 requires ``pyspark-client>=4.0``, a Spark Connect client that installs its own
-``pyspark`` package (413 files) over the ``pyspark`` 4.2 this package's ``[spark]`` extra
-needs, plus grpcio, grpcio-status, googleapis-common-protos, pandas and zstandard. One
-``subprocess.Popen`` of spark-submit is less code than adapting it.
+private command builder would be of use. And its dependencies: the provider requires
+``pyspark-client``, a Spark Connect client that installs its own ``pyspark`` package over the
+full ``pyspark`` this package's ``[spark]`` extra needs (plus grpc and others this package does
+not use). One ``subprocess.Popen`` of spark-submit is less code than adapting it.
 
 Plain Python, no Airflow: the operator (``DblogEnsureStreamOperator`` in
 ``provider/operators/dblog.py``) is a thin adapter.
@@ -59,6 +58,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from airflow_dblog.config import Config
+from airflow_dblog.engine import connector_jars
 from airflow_dblog.engine.lag import STALE_AFTER_S, StreamStatus, stream_status
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.errors import DblogError
@@ -67,8 +67,9 @@ from airflow_dblog.redact import redact
 log = logging.getLogger(__name__)
 
 MODES = ("local", "spark-submit")
-#: the spark-submit entry point of a source checkout (an installed wheel has none: pass one)
-DEFAULT_APPLICATION = Path(__file__).resolve().parents[2] / "spark_jobs" / "dblog_stream.py"
+#: the stream's spark-submit application, a file of this package (found by path: importing it
+#: would import the layers above the engine)
+DEFAULT_APPLICATION = Path(__file__).resolve().parents[1] / "cli" / "spark_submit.py"
 
 
 class LaunchError(DblogError):
@@ -85,7 +86,7 @@ class Launch:
     python: str = sys.executable  # the interpreter with airflow-dblog[spark] (spark-submit: the
     # driver's, unless PYSPARK_DRIVER_PYTHON is set)
     spark_submit: str = "spark-submit"  # mode spark-submit: the binary
-    application: str | None = None  # mode spark-submit: spark_jobs/dblog_stream.py
+    application: str | None = None  # mode spark-submit: default DEFAULT_APPLICATION
     spark_args: Sequence[str] = ()  # mode spark-submit: e.g. ["--master", "spark://m:7077"]
     env: Mapping[str, str] = field(default_factory=dict)  # added to the process's environment
     timeout_s: float = 120.0
@@ -153,13 +154,11 @@ def stream_command(config_path: str, launch: Launch) -> list[str]:
     if not Path(application).is_file():
         raise LaunchError(
             f"spark-submit application {application} not found",
-            "pass application, the path of spark_jobs/dblog_stream.py on this machine",
+            "pass application, the path of airflow_dblog/cli/spark_submit.py on this machine",
         )
     args = list(launch.spark_args)
     if "--jars" not in args:  # Delta and Kafka must be on the driver's classpath from its start
-        from airflow_dblog.spark.session import spark_jars  # no pyspark import
-
-        args += ["--jars", ",".join(spark_jars())]
+        args += ["--jars", ",".join(connector_jars.spark_jars())]
     return [launch.spark_submit, *args, application, "-c", config_path]
 
 

@@ -16,7 +16,7 @@ import threading
 import time
 
 from airflow_dblog.config import HaConfig
-from airflow_dblog.engine.metadata.store import Fence
+from airflow_dblog.engine.metadata.database import Fence
 from airflow_dblog.errors import DblogError, FencedError
 
 log = logging.getLogger(__name__)

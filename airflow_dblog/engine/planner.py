@@ -12,10 +12,11 @@ from typing import Any
 from airflow_dblog.config import Config
 from airflow_dblog.core.events import TableId
 from airflow_dblog.core.keys import MAX_KEYS_PER_CHUNK, to_json
+from airflow_dblog.engine.configured_source import open_source
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.metadata.store import TablePlan
+from airflow_dblog.engine.metadata.dumps import TablePlan
 from airflow_dblog.errors import InputError
-from airflow_dblog.sources import Source, open_source
+from airflow_dblog.sources import Source
 
 MAX_KEYS = 1_000_000
 

@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass
 
 from airflow_dblog.config import Config
+from airflow_dblog.engine.kafka_admin import ensure_topics
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.planner import plan_dump
 from airflow_dblog.errors import DblogError
@@ -71,8 +72,6 @@ class SignalChannel:
 
     def __init__(self, config: Config, store: MetadataStore) -> None:
         from confluent_kafka import Consumer
-
-        from airflow_dblog.sinks.kafka_sink import ensure_topics
 
         assert config.kafka is not None and config.kafka.signal_topic
         self.config, self.store = config, store

@@ -1,4 +1,5 @@
-"""Which spool segments every sink holds: each sink follows the spool, one commit for the stream.
+"""The barrier the sinks meet at: a spool segment is committed for the stream once every sink
+holds it, and deleted once no sink can replay it.
 
 Each sink follows the spool on its own (Kafka does not wait for Delta's MERGE), so the sinks
 reach a segment at different times. A segment's footer (reader offset, chunks it
@@ -20,8 +21,9 @@ from typing import Any
 Footer = dict[str, Any]
 
 
-class SinkProgress:
-    """Thread-safe: each sink's query calls :meth:`held` from its own thread."""
+class SinkBarrier:
+    """Which spool segments every sink holds. Thread-safe: each sink's query calls :meth:`held`
+    from its own thread."""
 
     def __init__(
         self,

@@ -11,8 +11,8 @@ last spool segment): a replayed batch commits nothing, and neither does a depose
 the new one has fenced the table (:meth:`DeltaSink.fence`). Tables are created with the
 change data feed on (users read it) and deletion vectors on (``deletion_vectors``): an update
 then marks its old row instead of rewriting the row's whole file, which keeps a MERGE of a few
-thousand random updates from rewriting the table (measured at 1M rows: 5.3 vs 7.9 s for 5,000
-updates, 2.2 vs 6.2 s for 200); `dblog optimize` compacts what updates leave.
+thousand random updates from rewriting the table (figures in benchmarks/README.md);
+`dblog optimize` compacts what updates leave.
 
 Column types follow the source's declared types; values arrive as the spool's plain JSON and
 are cast on the executors.

@@ -11,7 +11,7 @@ where the chunk stands among the events, so memory holds a batch of rows, not a 
 Idempotence is the sink's marker: a transaction carries its last segment, and a restarted
 forwarder sends from the segment after the committed marker. It first reports the segments
 the marker covers that are still on disk, since the crash may have come between Kafka's commit
-and the report (:mod:`~airflow_dblog.engine.sink_progress` needs every sink's word for a segment).
+and the report (:mod:`~airflow_dblog.engine.sink_barrier` needs every sink's word for a segment).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from airflow_dblog.engine.chunk_file import ChunkRef
 from airflow_dblog.engine.event_text import EventText
 from airflow_dblog.engine.segment import Item
-from airflow_dblog.engine.sink_progress import SinkProgress
+from airflow_dblog.engine.sink_barrier import SinkBarrier
 from airflow_dblog.engine.spool import Spool
 from airflow_dblog.sinks.kafka_sink import KafkaSink
 
@@ -41,17 +41,17 @@ class KafkaForwarder:
         self,
         sink: KafkaSink,
         spool: Spool,
-        progress: SinkProgress,
+        barrier: SinkBarrier,
         check_fence: Callable[[], None],
     ) -> None:
-        self.sink, self.spool, self.progress, self.check_fence = sink, spool, progress, check_fence
+        self.sink, self.spool, self.barrier, self.check_fence = sink, spool, barrier, check_fence
 
     def run(self, stopping: threading.Event) -> None:
         """Follow the spool until ``stopping`` is set; a failure raises (and stops the job)."""
         committed = self.sink.committed_segment()
         held = [seq for seq in self.spool.segments() if seq <= committed]
         if held:
-            self.progress.held(self.sink.name, [self.spool.footer(seq) for seq in held])
+            self.barrier.held(self.sink.name, [self.spool.footer(seq) for seq in held])
         while not stopping.is_set():
             self.spool.appended.clear()  # before listing: an append after it wakes us
             batch = self._next_batch(committed)
@@ -81,7 +81,7 @@ class KafkaForwarder:
             self.check_fence()  # a deposed leader must not write the new one's segments
             items = (item for segment in segments for item in segment.items)
             self.sink.write(batch[-1], map(self.sink.message, self._events(items)))
-        committed = self.progress.held(self.sink.name, footers)
+        committed = self.barrier.held(self.sink.name, footers)
         closed = sum(len(f["closed"]) for f in committed)
         if count or closed:
             log.info(

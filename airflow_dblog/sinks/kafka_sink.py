@@ -29,14 +29,15 @@ from typing import Any
 from airflow_dblog.config import KafkaSinkConfig
 from airflow_dblog.core.events import TableId
 from airflow_dblog.engine.event_text import EventText
+from airflow_dblog.engine.kafka_admin import ensure_topics
 from airflow_dblog.errors import DblogError
 from airflow_dblog.sources.base import TableSchema
+from airflow_dblog.sources.registry import source_kind as source_kind_facts
 
 log = logging.getLogger(__name__)
 
 TIMEOUT_S = 30.0
 COMMIT_ATTEMPTS = 3  # a commit that timed out (broker restarting) may be retried
-CONNECTORS = {"mysql": "mysql", "postgres": "postgresql"}
 
 Message = tuple[str, str, str, bool]  # topic, key, value, tombstone after it
 
@@ -69,8 +70,8 @@ class MessageBuilder:
     ) -> None:
         self.image_mode = config.image_mode
         self._tables: dict[str, tuple[str, tuple[str, ...], str]] = {}
-        connector = CONNECTORS.get(source_kind, source_kind)
-        db_field = "schema" if source_kind == "postgres" else "database"
+        kind = source_kind_facts(source_kind)
+        connector, db_field = kind.debezium_connector, kind.envelope_db_field
         for table, schema in schemas.items():
             head = _json(
                 {"connector": connector, "name": stream, "db": table.db, db_field: table.db}
@@ -125,42 +126,6 @@ class MessageBuilder:
             )
         )
         return topic, key, value, op == "d"
-
-
-def ensure_topics(
-    bootstrap_servers: str,
-    partitions: Mapping[str, int],
-    configs: Mapping[str, Mapping[str, str]] | None = None,
-) -> None:
-    """Create the topics that do not exist yet (broker-default replication)."""
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    try:
-        existing = set(admin.list_topics(timeout=TIMEOUT_S).topics)
-    except KafkaException as err:
-        raise KafkaSinkError(
-            f"Kafka at {bootstrap_servers} could not list topics: {err.args[0]}",
-            "check that the brokers are up",
-        ) from None
-    missing = [
-        NewTopic(t, n, replication_factor=-1, config=dict((configs or {}).get(t, {})))
-        for t, n in partitions.items()
-        if t not in existing
-    ]
-    if not missing:
-        return
-    for topic, future in admin.create_topics(missing, request_timeout=TIMEOUT_S).items():
-        try:
-            future.result()
-            log.info("kafka: created topic %s", topic)
-        except Exception as err:
-            if "TOPIC_ALREADY_EXISTS" not in str(err):
-                raise KafkaSinkError(
-                    f"Kafka topic {topic} cannot be created: {err}",
-                    "create it, or give the stream's user CreateTopics on the cluster",
-                ) from None
 
 
 class KafkaSink:

@@ -32,7 +32,7 @@ MAX_BATCH_BYTES = 48 << 20
 # costs about what one of 10 does, so waiting for more gains little ...
 FULL_BATCH_EVENTS = 5000
 # ... once the log paused this long (no newer segment): a burst still arriving is one MERGE, not
-# one at 5,000 events and another for the rest (20,000 updates in 1.5 s: 7.6 s, not 7.8 + 4.3 s)
+# one at 5,000 events and another for the rest (one MERGE costs less than two)
 QUIET_S = 1.0
 # Segments of heartbeats alone (an idle log) wait at least this long for a batch: they only move
 # the committed offset
@@ -52,7 +52,8 @@ def batch_due(age_s: float, quiet_s: float, events: int, closes_chunk: bool, wai
     since the newest was written).
 
     Each Delta batch costs seconds of CPU however small (a MERGE's fixed work), so on a quiet
-    log a batch every second kept ~1.7 of 2 cores busy for a few events a second. A batch
+    log a batch every second would keep most of a small machine's cores busy for a few events
+    a second. A batch
     waits until its oldest segment is ``wait_s`` old, unless it is big enough to be worth its
     cost and the log paused, or it completes a dump chunk (a dump waits for its chunks to be
     held, not for the clock).

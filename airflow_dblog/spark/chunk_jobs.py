@@ -8,8 +8,8 @@ no object-store credential travels in a task. What the driver needs back (row co
 what the snapshot saw) comes through an accumulator. Up to ``parallelism`` chunks run at once,
 one driver thread waiting on each job.
 
-A stream's first Spark job of this shape is slow (measured: a 10,000-row chunk 5.2 s, later ones
-0.45 s: the JVM's Arrow-to-Parquet path and a Python worker that imports the source's driver):
+A stream's first Spark job of this shape is many times slower than the later ones (the JVM's
+Arrow-to-Parquet path and a Python worker that imports the source's driver):
 :meth:`SparkChunkRunner.warm_up` runs one without rows when the stream starts, so the first
 dump's first rows do not wait for it.
 """

@@ -1,58 +1,31 @@
 """A JVM class-data-sharing archive for local-mode Spark: the job's start without class loading.
 
-A local stream's JVM loads over 12,000 classes (Spark, Delta, Hadoop, Janino) before its first
-commit; on a two-core machine that is most of the session's start and of its first Delta
-write. The JVM can map them from an archive instead (CDS, ``-XX:SharedArchiveFile``): measured
-here, session 4.4 → 2.6 s, first Delta write 4.0 → 2.1 s, first MERGE 4.5 → 3.6 s.
+A local stream's JVM loads many thousands of classes (Spark, Delta, Hadoop, Janino) before its
+first commit; on a small machine that is most of the session's start and of its first Delta
+write. The JVM can map them from an archive instead (CDS, ``-XX:SharedArchiveFile``), which
+shortens both (figures in benchmarks/README.md).
 
 ``python -m airflow_dblog.spark.class_archive`` makes the archive once per machine (or image):
 a short Delta workload in a JVM started with ``-XX:ArchiveClassesAtExit``, written to a
-temporary file and renamed into place. :func:`java_options` returns the flag that uses it, for
-sessions whose JVM PySpark starts (``local[...]`` masters), with the connector jars on the JVM's
-own class path (CDS maps only what the built-in class loaders load, not ``spark.jars``).
+temporary file and renamed into place. :func:`~airflow_dblog.spark.session.java_options`
+returns the flag that uses it, for sessions whose JVM PySpark starts (``local[...]`` masters),
+with the connector jars on the JVM's own class path (CDS maps only what the built-in class
+loaders load, not ``spark.jars``).
 The archive is keyed by the Java binary and the class path; the JVM itself checks it against
 the jars (sizes and times) and ignores a stale one, so the worst case is today's start.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from airflow_dblog.engine.connector_jars import jar_conf, local_classpath
 from airflow_dblog.errors import DblogError
-
-
-def _java() -> str:
-    """The java PySpark's launcher runs: ``$JAVA_HOME/bin/java``, else the one on PATH."""
-    home = os.environ.get("JAVA_HOME")
-    java = str(Path(home) / "bin" / "java") if home else shutil.which("java") or "java"
-    return os.path.realpath(java)
-
-
-def archive_path(classpath: str) -> Path:
-    """Where the archive for this Java and driver class path lives (it may not exist)."""
-    import pyspark
-
-    from airflow_dblog.spark.session import cache_dir
-
-    java = _java()
-    jvm = Path(java).parent.parent / "lib" / "server" / "libjvm.so"  # a JDK update changes it
-    built = str(jvm.stat().st_mtime_ns) if jvm.is_file() else ""
-    key = hashlib.sha256(
-        "\0".join([java, built, pyspark.__version__, pyspark.__file__, classpath]).encode()
-    ).hexdigest()[:16]
-    return cache_dir() / "jvm-class-archives" / f"spark-{key}.jsa"
-
-
-def java_options(classpath: str) -> str:
-    """``-XX:SharedArchiveFile=...`` when the archive exists, else nothing."""
-    path = archive_path(classpath)
-    return f"-XX:SharedArchiveFile={path}" if path.is_file() else ""
+from airflow_dblog.spark.session import archive_path, build_spark_session
 
 
 def _workload(folder: str, archive: str) -> None:
@@ -63,8 +36,6 @@ def _workload(folder: str, archive: str) -> None:
     from pyspark import SparkContext
     from pyspark.sql import Window
     from pyspark.sql import functions as F
-
-    from airflow_dblog.spark.session import build_spark_session
 
     spark = build_spark_session(
         "airflow-dblog-class-archive",
@@ -112,8 +83,6 @@ def _workload(folder: str, archive: str) -> None:
 
 def _current() -> Path:
     """The archive path for the cached connector jars and this Java."""
-    from airflow_dblog.spark.session import jar_conf, local_classpath
-
     return archive_path(local_classpath(jar_conf()))
 
 
@@ -144,7 +113,7 @@ def make(force: bool = False) -> Path:
                 "run `python -m airflow_dblog.spark.class_archive` again; the job runs without it",
             )
         os.replace(partial, path)
-    for old in path.parent.glob("spark-*.jsa"):  # ~200 MB each, for jars or a JDK gone since
+    for old in path.parent.glob("spark-*.jsa"):  # large files, for jars or a JDK gone since
         if old != path:
             old.unlink(missing_ok=True)
     return path

@@ -2,14 +2,14 @@
 
 One process per source. A capture thread runs :class:`~airflow_dblog.engine.capture.SpooledCapture`:
 it reads the binlog/WAL, sends chunk SELECTs to the executors as Spark jobs
-(:mod:`~airflow_dblog.spark.chunk_runner`: rows written by Spark into chunk files on the
+(:mod:`~airflow_dblog.spark.chunk_jobs`: rows written by Spark into chunk files on the
 checkpoint's store), merges the chunks' windows with the log and writes each merged batch as a
 durable spool segment, a chunk's rows as a reference to its file. Each sink
 follows the spool on its own, so neither waits for the other: Kafka in a driver thread
 (:mod:`~airflow_dblog.sinks.kafka_forwarder`, one transaction per batch of segments, started before
 Spark), Delta in a Spark Structured Streaming query (checkpoint ``<checkpoint>/spark/delta``)
 reading the spool through the ``dblog_changelog`` source. Once every sink holds a segment
-(:mod:`~airflow_dblog.engine.sink_progress`), its chunks are completed, the reader offset saved
+(:mod:`~airflow_dblog.engine.sink_barrier`), its chunks are completed, the reader offset saved
 and the source acknowledged. A kill at any point replays at most each sink's batch in flight: Spark
 re-plans the same segments, Kafka resends after its marker, the sinks skip what they hold, the
 capture thread resumes after the last segment.
@@ -36,12 +36,13 @@ from airflow_dblog.engine.capture import SpooledCapture
 from airflow_dblog.engine.chunk_file import POSITION_DIGITS, ChunkFiles, ChunkRef
 from airflow_dblog.engine.chunk_file import SPARK_DDL as CHUNK_DDL
 from airflow_dblog.engine.chunk_runner import LateRunner
+from airflow_dblog.engine.configured_source import open_reader, open_source
 from airflow_dblog.engine.leader import LeaderLease
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.segment import EVENT_COLUMNS, Footer
 from airflow_dblog.engine.segment import SPARK_DDL as SEGMENT_DDL
 from airflow_dblog.engine.signals import SignalChannel
-from airflow_dblog.engine.sink_progress import SinkProgress
+from airflow_dblog.engine.sink_barrier import SinkBarrier
 from airflow_dblog.engine.spool import Spool, dump_bounds, logged_tables
 from airflow_dblog.engine.spool_store import S3_ENDPOINT, join
 from airflow_dblog.errors import DblogError
@@ -49,9 +50,8 @@ from airflow_dblog.sinks.base import Sink
 from airflow_dblog.sinks.delta_sink import DeltaSink, FrameBatch
 from airflow_dblog.sinks.kafka_forwarder import KafkaForwarder
 from airflow_dblog.sinks.kafka_sink import KafkaSink
-from airflow_dblog.sources import open_reader, open_source
 from airflow_dblog.sources.base import TableSchema
-from airflow_dblog.spark.chunk_runner import SparkChunkRunner
+from airflow_dblog.spark.chunk_jobs import SparkChunkRunner
 from airflow_dblog.spark.session import build_spark_session
 
 if TYPE_CHECKING:
@@ -76,9 +76,9 @@ class BatchCommitter:
     """
 
     def __init__(
-        self, sink: Sink[FrameBatch], progress: SinkProgress, store: MetadataStore, spool: Spool
+        self, sink: Sink[FrameBatch], barrier: SinkBarrier, store: MetadataStore, spool: Spool
     ) -> None:
-        self.sink, self.progress, self.store, self.spool = sink, progress, store, spool
+        self.sink, self.barrier, self.store, self.spool = sink, barrier, store, spool
         # Spark reports a failed batch as a py4j traceback; the job reports this one line
         self.failure: DblogError | None = None
 
@@ -122,7 +122,7 @@ class BatchCommitter:
             )
             batch = FrameBatch(events, tables, dump_bounds(footers), logged_tables(footers))
             self.sink.write(last, batch)
-        committed = self.progress.held(self.sink.name, footers)
+        committed = self.barrier.held(self.sink.name, footers)
         closed = sum(len(f["closed"]) for f in committed)
         if count or closed:
             log.info(
@@ -246,12 +246,12 @@ def run_stream(
         cleanup.callback(capture.close)
         schemas = {table: source.describe(table) for table in config.source.tables}
         names = [name for name, on in (("delta", config.delta), ("kafka", config.kafka)) if on]
-        progress = SinkProgress(names, capture.committed, spool.drop_before)
+        barrier = SinkBarrier(names, capture.committed, spool.drop_before)
         threads = [Worker("dblog-capture", capture.run)]
         if config.kafka is not None:  # Kafka follows the spool at once, Spark or not
             kafka = KafkaSink(config.kafka, config.name, config.source.type, schemas)
             cleanup.callback(kafka.close)
-            forwarder = KafkaForwarder(kafka, spool, progress, store.check_fence)
+            forwarder = KafkaForwarder(kafka, spool, barrier, store.check_fence)
             threads.append(Worker("dblog-kafka", forwarder.run))
             if config.kafka.signal_topic:
                 capture.signals = SignalChannel(config, store)
@@ -261,7 +261,7 @@ def run_stream(
         query = committer = None
         if config.delta is not None:
             query, committer = _start_delta_query(
-                config, master, schemas, spool, progress, store, cleanup
+                config, master, schemas, spool, barrier, store, cleanup
             )
             assert runner is not None
             chunks = SparkChunkRunner(committer.spark, spool.chunks)
@@ -288,7 +288,7 @@ def _start_delta_query(
     master: Any,
     schemas: Mapping[TableId, TableSchema],
     spool: Spool,
-    progress: SinkProgress,
+    barrier: SinkBarrier,
     store: MetadataStore,
     cleanup: contextlib.ExitStack,
 ) -> tuple[Any, BatchCommitter]:
@@ -312,7 +312,7 @@ def _start_delta_query(
     delta = DeltaSink(spark, config.delta, schemas, app_id, describer.describe, token)
     cleanup.callback(delta.close)
     delta.fence()  # a deposed leader's batch, even one under way, now commits nothing
-    committer = BatchCommitter(delta, progress, store, spool)
+    committer = BatchCommitter(delta, barrier, store, spool)
     committer.spark = spark
     endpoint = {k: v for k, v in config.spark.conf.items() if k == S3_ENDPOINT}  # no secrets
     query = (

@@ -4,7 +4,8 @@ A ``dblog`` Airflow connection holds the stream's config: a file on the workers 
 extra ``config``) or the YAML itself ("Config (YAML)", extra ``config_yaml``), plus the
 passwords it interpolates (see ``provider/connections.py``; the form is declared in the
 provider info). The source itself comes from the URL or Airflow connection id inside the
-config. Operators and sensors are thin: they call these methods.
+config: :attr:`DblogHook.source_config` resolves a connection id, once, for what reaches the
+source. Operators and sensors are thin: they call these methods.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from typing import Any
 from airflow_dblog.config import Config, load_config
 from airflow_dblog.engine.lag import STALE_AFTER_S, StreamStatus, stream_status
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.metadata.store import Progress
+from airflow_dblog.engine.metadata.dumps import DumpProgress
 from airflow_dblog.engine.planner import plan_dump
 from airflow_dblog.errors import DblogError
 from airflow_dblog.provider.compat import BaseHook
 from airflow_dblog.provider.connections import (
     config_from_extra,
     config_text_or_path,
+    resolved,
     secret_env,
 )
 from airflow_dblog.redact import redact
@@ -49,6 +51,12 @@ class DblogHook(BaseHook):
         return config_from_extra(extra, self.dblog_conn_id)
 
     @cached_property
+    def source_config(self) -> Config:
+        """:attr:`config` with an Airflow connection id in ``source.url`` resolved to its URL:
+        for what reaches the source (plans, lag, the stream's start); looked up on first use."""
+        return resolved(self.config)
+
+    @cached_property
     def store(self) -> MetadataStore:
         return MetadataStore(self.config.metadata_url)
 
@@ -58,9 +66,9 @@ class DblogHook(BaseHook):
         keys: Sequence[Any] | None = None,
         requested_by: str = "airflow",
     ) -> int:
-        return plan_dump(self.config, self.store, tables, keys, requested_by)
+        return plan_dump(self.source_config, self.store, tables, keys, requested_by)
 
-    def progress(self, dump_id: int) -> Progress:
+    def progress(self, dump_id: int) -> DumpProgress:
         return self.store.progress(dump_id)
 
     def rows_by_table(self, dump_id: int) -> dict[str, int]:
@@ -80,7 +88,7 @@ class DblogHook(BaseHook):
     def stream_status(self, stale_after_s: float = STALE_AFTER_S) -> StreamStatus:
         """The stream's state (running, stopped, unknown), leader, and bytes and seconds behind
         its source (``engine/lag.py``); asks the source for its head."""
-        return stream_status(self.config, self.store, stale_after_s=stale_after_s)
+        return stream_status(self.source_config, self.store, stale_after_s=stale_after_s)
 
     def stream_lag_s(self) -> float | None:
         """Seconds the stream is behind its source (0 when caught up); None if unknown."""
@@ -106,9 +114,9 @@ class DblogHook(BaseHook):
 
     def test_connection(self) -> tuple[bool, str]:
         try:
-            config = self.config
+            config = self.source_config
             self.store.revision()
-            from airflow_dblog.sources import open_source
+            from airflow_dblog.engine.configured_source import open_source
 
             source = open_source(config)
             for table in config.source.tables:

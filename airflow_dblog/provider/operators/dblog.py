@@ -36,7 +36,8 @@ class DblogEnsureStreamOperator(_DblogOperator):
     without ``ha`` a commit within ``stale_after_s``, and when the process started here died,
     another commit within ``probe_s``): logs why and does nothing. Else starts
     ``dblog stream -c FILE`` (``mode="local"``) or ``spark-submit <spark_args>
-    spark_jobs/dblog_stream.py -c FILE`` (``mode="spark-submit"``) detached from the task, its
+    airflow_dblog/cli/spark_submit.py -c FILE`` (``mode="spark-submit"``; ``application``
+    names another file) detached from the task, its
     output in ``log_path`` (default ``<checkpoint>/launcher/stream.log``), and fails with one
     line naming that log if the process exits or the stream does not commit within
     ``timeout_s``. Returns ``{"started", "pid", "log_path"}`` (XCom).
@@ -92,7 +93,7 @@ class DblogEnsureStreamOperator(_DblogOperator):
         )
         path, env = hook.config_file(run_dir(hook.config, launch))
         launch = dataclasses.replace(launch, env=env)
-        ensured = ensure_stream(path, hook.config, launch, hook.store)
+        ensured = ensure_stream(path, hook.source_config, launch, hook.store)
         self.log.info("%s", redact(ensured.reason))
         return {"started": ensured.started, "pid": ensured.pid, "log_path": ensured.log_path}
 

@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_dblog.core.events import TableId
-from airflow_dblog.engine.progress import progress_line
 from airflow_dblog.errors import DblogError
 from airflow_dblog.provider.assets import openlineage_names, refreshed
 from airflow_dblog.provider.compat import (
@@ -98,7 +97,7 @@ class DblogDumpSensor(BaseSensorOperator):
         progress = self.hook.progress(int(self.dump_id))
         now = time.monotonic()
         if now - self._logged_at >= self.log_interval_s or progress.state == "done":
-            self.log.info("%s", progress_line(progress))
+            self.log.info("%s", progress.line())
             self._logged_at = now
         if progress.state in ("failed", "cancelled"):
             raise DumpFailed(f"dump {self.dump_id} {progress.state}: {progress.reason}")
@@ -150,10 +149,8 @@ class DblogDumpSensor(BaseSensorOperator):
         if classes is None or not self._refreshed_tables:
             return None
         operator_lineage, dataset = classes
-        from airflow_dblog.sources import source_url
-
-        config = self.hook.config
-        inputs, outputs = openlineage_names(config, self._refreshed_tables, source_url(config))
+        config = self.hook.source_config
+        inputs, outputs = openlineage_names(config, self._refreshed_tables, config.source.url)
         return operator_lineage(
             inputs=[dataset(namespace=ns, name=name) for ns, name in inputs],
             outputs=[dataset(namespace=ns, name=name) for ns, name in outputs],

@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.progress import progress_line
 from airflow_dblog.provider.compat import BaseTrigger, TriggerEvent
 
 FINAL = ("done", "failed", "cancelled")
@@ -57,7 +56,7 @@ class DblogDumpTrigger(BaseTrigger):
                 progress = await asyncio.to_thread(store.progress, self.dump_id)
                 now = time.monotonic()
                 if now - logged_at >= self.log_interval_s or progress.state in FINAL:
-                    self.log.info("%s", progress_line(progress))
+                    self.log.info("%s", progress.line())
                     logged_at = now
                 if progress.state in FINAL:
                     yield TriggerEvent(
