@@ -1,4 +1,15 @@
-"""Shared fixtures: the one place service fixtures live (logic in tests/services.py).
+"""Shared fixtures: the one place service fixtures live (logic in tests/support/services.py).
+
+The tests come in three tiers, each a folder mirroring the package:
+
+- ``tests/unit``: no server, no JVM (``scripts/test.sh --unit``);
+- ``tests/integration``: one real server at a time (a database, Kafka, ZooKeeper, the object
+  store, a local Spark session);
+- ``tests/system``: the whole job (the stream process end to end, the standalone Spark cluster,
+  failover, the browser and Airflow's services).
+
+Every test under integration/ and system/ is marked ``integration`` (so ``-m "not integration"``
+is the unit tier), and under system/ also ``system``.
 
 Session-scoped servers (testcontainers if a Docker engine answers, else the local services of
 scripts/services.sh, started on first use if they are down):
@@ -33,21 +44,38 @@ Function-scoped isolation:
 from __future__ import annotations
 
 import logging
-import sys
+import os
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tests.support import services
+from tests.support.stream_process import Stream
 
-import services  # tests/services.py, importable from any test directory
-from stream_process import Stream
+TESTS = Path(__file__).resolve().parent
+
+# Airflow reads its home at import: point it at a throwaway folder before any test imports it.
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="dblog-airflow-home-"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(TESTS.parent / "dags"))
 
 # py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after
 # pytest closed its capture streams: a "Logging error" traceback under every run's summary.
 logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test by its tier's folder: integration/ and system/ need services."""
+    for item in items:
+        tier = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        if tier in ("integration", "system"):
+            item.add_marker(pytest.mark.integration)
+        if tier == "system":
+            item.add_marker(pytest.mark.system)
 
 
 @pytest.fixture(scope="session")

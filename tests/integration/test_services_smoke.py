@@ -99,7 +99,7 @@ def test_postgres_write_read_and_wal2json_change(postgres_db: Any) -> None:
 
 
 def test_postgres_db_fixture_drops_its_slots(postgres_server: Any) -> None:
-    import services
+    from tests.support import services
 
     with services.fresh_postgres_database(postgres_server, "slots") as db:
         conn = db.connect()
@@ -206,7 +206,7 @@ def test_kafka_transactions_read_committed(kafka_server: Any, kafka_topic: str) 
 def test_spark_jars_do_not_duplicate_pyspark() -> None:
     import pyspark
 
-    from airflow_dblog.spark.session import spark_jars
+    from airflow_dblog.engine.connector_jars import spark_jars
 
     def artifact(jar: str) -> str:
         return Path(jar).name.rsplit("-", 1)[0]
@@ -221,8 +221,8 @@ def test_spark_jars_do_not_duplicate_pyspark() -> None:
 def test_spark_jars_missing_is_a_one_line_error(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    from airflow_dblog.engine.connector_jars import spark_jars
     from airflow_dblog.errors import DblogError
-    from airflow_dblog.spark.session import spark_jars
 
     monkeypatch.setenv("DBLOG_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("DBLOG_SPARK_JARS_DIR", raising=False)

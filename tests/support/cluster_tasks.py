@@ -1,4 +1,4 @@
-"""Driver programs for tests/spark/test_cluster.py, each run in its own process.
+"""Driver programs for tests/system/spark/test_cluster.py, each run in its own process.
 
 A Python process has one SparkContext: the tests' ``local[2]`` session (conftest's ``spark``)
 and a session on the standalone cluster cannot share one, so the tests run this as

@@ -7,14 +7,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = """#!{python}
 import sys, time
 sys.path.insert(0, {repo!r})
 from airflow_dblog.config import load_config
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.metadata.store import utcnow
+from airflow_dblog.engine.metadata.database import utcnow
 config = load_config(sys.argv[-1])
 store = MetadataStore(config.metadata_url)
 print("fake stream up", flush=True)

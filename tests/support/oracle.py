@@ -2,7 +2,7 @@
 
 Positions alone pass when a stale row is applied and overwritten later (a dumped row carries
 its chunk's high-watermark position, newer than the change it missed). With the versioned load
-of tests/workload.py (``ver`` only grows per key, in commit order) each state of a key has a
+of tests/support/workload.py (``ver`` only grows per key, in commit order) each state of a key has a
 rank, ``2*ver`` for the row and ``2*ver + 1`` for its deletion, and no output may show a key's
 rank going down:
 
@@ -25,12 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services import read_committed_until
-from stream_process import Stream
-from workload import Db, insert_rows, key_of, source_rows
-
 from airflow_dblog.config import Config
 from airflow_dblog.core.events import TableId
+from tests.support.services import read_committed_until
+from tests.support.stream_process import Stream
+from tests.support.workload import Db, insert_rows, key_of, source_rows
 
 KEY = ("a", "b")
 SENTINEL = 999_999  # the ``a`` of the catch-up marker row (see settle); no load writes it

@@ -21,7 +21,13 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from services import MySQLServer, ServiceUnavailable, _free_port, run_sql, wait_until_ready
+from tests.support.services import (
+    MySQLServer,
+    ServiceUnavailable,
+    _free_port,
+    run_sql,
+    wait_until_ready,
+)
 
 MARIADBD = "/usr/sbin/mariadbd"
 INSTALL_DB = "mariadb-install-db"

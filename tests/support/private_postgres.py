@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from services import PostgresServer, _free_port, wait_until_ready
+from tests.support.services import PostgresServer, _free_port, wait_until_ready
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 _AS_PG = (

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlparse
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICES_SH = REPO_ROOT / "scripts" / "services.sh"
 USER = "dblog"
 PASSWORD = "dblog"

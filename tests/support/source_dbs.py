@@ -16,8 +16,9 @@ from airflow_dblog.core.position import lsn_to_int
 from airflow_dblog.core.window import XidSnapshot
 from airflow_dblog.errors import SourceError
 from airflow_dblog.sources.base import ChangelogReader
-from airflow_dblog.sources.mysql import parse_mysql_url
-from airflow_dblog.sources.postgres import PostgresSource, SnapshotInfo, parse_postgres_url
+from airflow_dblog.sources.mysql.connection import parse_mysql_url
+from airflow_dblog.sources.postgres.connection import parse_postgres_url
+from airflow_dblog.sources.postgres.source import PostgresSource, SnapshotInfo
 from airflow_dblog.sources.sql import SqlSource
 
 

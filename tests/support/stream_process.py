@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from workload import Db
+    from tests.support.workload import Db
 
 HA_SESSION_S = 4
 # The streams' Spark JVMs (driver, executors) compile with C1 only: each lives a minute or two,

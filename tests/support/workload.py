@@ -9,7 +9,7 @@ The versioned load (``load_versioned``, ``versioned_writers``) is the staleness 
 key. That holds by construction, not by the database: each writer thread owns the keys with
 ``a % WRITERS == its index`` and counts their versions in Python, so one connection serialises
 every write of a key. A row with a smaller ``ver`` than one seen before is stale (see
-tests/oracle.py).
+tests/support/oracle.py).
 """
 
 from __future__ import annotations

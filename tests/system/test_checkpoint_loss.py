@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from oracle import check_outputs
-from stream_process import Stream, until, write_config
-from workload import db_for, load, writers
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
 from airflow_dblog.engine.metadata import MetadataStore
+from tests.support.oracle import check_outputs
+from tests.support.stream_process import Stream, until, write_config
+from tests.support.workload import db_for, load, writers
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

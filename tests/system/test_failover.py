@@ -18,16 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from oracle import check_outputs
-from private_mariadb import primary_and_replica, promote
-from services import MySQLServer, run_sql
-from stream_process import Stream, until, write_config
-from workload import Db, load, writers
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
 from airflow_dblog.core.position import Position, binlog_file_index
 from airflow_dblog.engine.metadata import MetadataStore
+from tests.support.oracle import check_outputs
+from tests.support.private_mariadb import primary_and_replica, promote
+from tests.support.services import MySQLServer, run_sql
+from tests.support.stream_process import Stream, until, write_config
+from tests.support.workload import Db, load, writers
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 

@@ -1,11 +1,11 @@
 """No key's version ever goes back, in Delta or in Kafka, through the real stream (issue 12, 4).
 
-Versioned writers (tests/workload.py) run throughout. A dump of the table is requested either
-before the stream ever ran (a fresh config: ``dblog dump --all``, then ``dblog stream``) or once
-it is capturing; the stream is killed with SIGKILL at the case's kill points and started again.
-Once the dump is done the writers stop, the stream catches up, and tests/oracle.py checks the
-Delta change data feed and Kafka read_committed per key (the version never goes back) and that
-both equal the source. ``gtid`` is not here: the library refuses it on MariaDB.
+Versioned writers (tests/support/workload.py) run throughout. A dump of the table is requested
+either before the stream ever ran (a fresh config: ``dblog dump --all``, then ``dblog stream``) or
+once it is capturing; the stream is killed with SIGKILL at the case's kill points and started
+again. Once the dump is done the writers stop, the stream catches up, and tests/support/oracle.py
+checks the Delta change data feed and Kafka read_committed per key (the version never goes back)
+and that both equal the source. ``gtid`` is not here: the library refuses it on MariaDB.
 
 Kill points:
 
@@ -31,14 +31,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from oracle import check_outputs, delta_path, delta_version
-from stream_process import Stream, until, write_config
-from workload import VERSIONED_COLUMNS, Db, db_for, load_versioned, versioned_writers
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import Config, load_config
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.metadata.store import utcnow
+from airflow_dblog.engine.metadata.database import utcnow
+from tests.support.oracle import check_outputs, delta_path, delta_version
+from tests.support.stream_process import Stream, until, write_config
+from tests.support.workload import VERSIONED_COLUMNS, Db, db_for, load_versioned, versioned_writers
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -64,7 +64,7 @@ class Case:
 
 # 8 kill points (first-commit x2, first-chunk x3, random x3) and one straight run; every
 # watermark of both databases, each database's dump requested before and after the stream first
-# runs (MySQL's table watermark with the dump before the stream: tests/test_start_gap.py)
+# runs (MySQL's table watermark with the dump before the stream: tests/system/test_start_gap.py)
 CASES = [
     Case("mysql", "snapshot", "before", ("first-commit", "random"), 1203),
     Case("mysql", "table", "after", ("first-chunk", "random"), 1204),

@@ -17,13 +17,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from oracle import check_outputs, delta_path, delta_version
-from stream_process import Stream, until, write_config
-from workload import VERSIONED_COLUMNS, create_table, db_for, insert_rows, load_versioned
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
 from airflow_dblog.engine.metadata import MetadataStore
+from tests.support.oracle import check_outputs, delta_path, delta_version
+from tests.support.stream_process import Stream, until, write_config
+from tests.support.workload import (
+    VERSIONED_COLUMNS,
+    create_table,
+    db_for,
+    insert_rows,
+    load_versioned,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

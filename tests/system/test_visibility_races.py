@@ -28,15 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from private_mariadb import private_mariadb
-from services import MySQLServer, PostgresServer, read_committed_until
-from stream_process import TEST_JVM_OPTIONS, Stream
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import Config, load_config
 from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.sources.binlog_reader import BinlogReader
+from airflow_dblog.sources.mysql.binlog_reader import BinlogReader
+from tests.support.private_mariadb import private_mariadb
+from tests.support.services import MySQLServer, PostgresServer, read_committed_until
+from tests.support.stream_process import TEST_JVM_OPTIONS, Stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -242,7 +242,7 @@ def test_unreadable_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["dblog.yaml", "dblog-cluster.yaml"])
 def test_the_docker_configs_load(name: str) -> None:
     """docker/ cannot run here; its configs at least parse as they ship."""
-    config = load_config(Path(__file__).parents[1] / "docker" / name, env={})
+    config = load_config(Path(__file__).parents[2] / "docker" / name, env={})
     assert config.name == "inventory"
     if name == "dblog-cluster.yaml":
         assert config.checkpoint == "s3a://dblog/inventory/checkpoint"

@@ -1,4 +1,4 @@
-"""The staleness oracle itself (tests/oracle.py), on hand-made histories: no services needed.
+"""The staleness oracle itself (tests/support/oracle.py), on hand-made histories: no services.
 
 An end-to-end check that never fails proves nothing; these show that it fails on the stale
 states it is meant to catch and passes on the legitimate ones.
@@ -7,7 +7,8 @@ states it is meant to catch and passes on the legitimate ones.
 from __future__ import annotations
 
 import pytest
-from oracle import Step, check_history, kafka_histories
+
+from tests.support.oracle import Step, check_history, kafka_histories
 
 
 def _steps(*states: tuple[str, int | None, bool]) -> list[Step]:

@@ -19,20 +19,20 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from memory_sink import MemoryCapture, MemorySink
-from services import restart_local_service
-from workload import Db, db_for, execute, load, restricted_user, source_rows, writers
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import Config, parse_config
 from airflow_dblog.core.events import TableId
 from airflow_dblog.core.keys import MAX_KEYS_PER_CHUNK
 from airflow_dblog.engine.capture import Capture
+from airflow_dblog.engine.configured_source import open_reader, open_source
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.metadata.store import TablePlan
+from airflow_dblog.engine.metadata.dumps import TablePlan
 from airflow_dblog.engine.planner import plan_dump
 from airflow_dblog.errors import DblogError, SourceError
-from airflow_dblog.sources import open_reader, open_source
+from tests.support.memory_sink import MemoryCapture, MemorySink
+from tests.support.services import restart_local_service
+from tests.support.workload import Db, db_for, execute, load, restricted_user, source_rows, writers
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -141,8 +141,8 @@ def test_hook_stream_status_reads_real_lag(config_path: str, mysql_db: Any) -> N
     hook = DblogHook(config_path=config_path)
     never = hook.stream_status()
     assert (never.state, never.lag_bytes, never.note) == ("unknown", None, "the stream never ran")
-    from airflow_dblog.engine.metadata.store import utcnow
-    from airflow_dblog.sources.mysql import MysqlSource
+    from airflow_dblog.engine.metadata.database import utcnow
+    from airflow_dblog.sources.mysql.source import MysqlSource
 
     with MysqlSource(mysql_db.url) as source:
         hook.store.save_stream_state(

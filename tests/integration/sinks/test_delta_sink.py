@@ -181,7 +181,7 @@ def test_a_table_whose_creation_was_killed_before_its_first_commit_is_created(
 ) -> None:
     """A kill -9 during the table's creation leaves ``_delta_log/_staged_commits`` and no
     commit; Delta then neither reads nor creates the table. The next start creates it.
-    (Found by tests/test_staleness.py, a random kill landing in the first batch.)"""
+    (Found by tests/system/test_staleness.py, a random kill landing in the first batch.)"""
     staged = Path(sink.table_path(TABLE)) / "_delta_log" / "_staged_commits"
     staged.mkdir(parents=True)
     _write(sink, 1, [_event("c", 1, 5, 10)])

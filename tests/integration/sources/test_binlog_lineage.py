@@ -12,13 +12,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from private_mariadb import primary_and_replica, private_mariadb, promote
-from services import MySQLServer, run_sql
-from source_dbs import read_changes
 
 from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.errors import SourceError
-from airflow_dblog.sources.binlog_reader import BinlogReader
+from airflow_dblog.sources.mysql.binlog_reader import BinlogReader
+from tests.support.private_mariadb import primary_and_replica, private_mariadb, promote
+from tests.support.services import MySQLServer, run_sql
+from tests.support.source_dbs import read_changes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

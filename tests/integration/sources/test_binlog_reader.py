@@ -12,14 +12,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from source_dbs import MysqlDb as Db
-from source_dbs import after_snapshot
 
 from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, TableId, WatermarkEvent
 from airflow_dblog.core.position import Position
 from airflow_dblog.errors import InputError, SourceError
-from airflow_dblog.sources.binlog_reader import BinlogReader
-from airflow_dblog.sources.mysql import MysqlSource
+from airflow_dblog.sources.mysql.binlog_reader import BinlogReader
+from airflow_dblog.sources.mysql.source import MysqlSource
+from tests.support.source_dbs import MysqlDb as Db
+from tests.support.source_dbs import after_snapshot
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ def db(mysql_db: Any) -> Iterator[Db]:
 @pytest.fixture(scope="module")
 def mysql_module_db(mysql_server: Any) -> Iterator[Any]:
     """A database shared by one module's tests (the recorded resume stream)."""
-    import services  # tests/services.py, put on sys.path by tests/conftest.py
+    from tests.support import services
 
     with services.fresh_mysql_database(mysql_server, "binlog_module") as database:
         yield database

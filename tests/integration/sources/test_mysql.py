@@ -10,18 +10,14 @@ from typing import Any
 
 import pymysql
 import pytest
-from source_dbs import MysqlDb as Db
-from source_dbs import after_snapshot
 
 from airflow_dblog.core.events import TableId
 from airflow_dblog.core.keys import from_json, to_json
 from airflow_dblog.core.position import Position
 from airflow_dblog.errors import InputError, SourceError
-from airflow_dblog.sources.mysql import (
-    END_OF_EVENT,
-    WATERMARK_TABLE_ID,
-    MysqlSource,
-)
+from airflow_dblog.sources.mysql.source import END_OF_EVENT, WATERMARK_TABLE_ID, MysqlSource
+from tests.support.source_dbs import MysqlDb as Db
+from tests.support.source_dbs import after_snapshot
 
 pytestmark = pytest.mark.integration
 

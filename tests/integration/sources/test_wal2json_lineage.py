@@ -15,14 +15,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from private_postgres import PrivateCluster, primary_and_standby
-from services import run_sql
-from source_dbs import read_changes
 
 from airflow_dblog.core.events import TableId
 from airflow_dblog.errors import SourceError
-from airflow_dblog.sources.postgres import PostgresSource
-from airflow_dblog.sources.wal2json_reader import Wal2jsonReader
+from airflow_dblog.sources.postgres.source import PostgresSource
+from airflow_dblog.sources.postgres.wal2json_reader import Wal2jsonReader
+from tests.support.private_postgres import PrivateCluster, primary_and_standby
+from tests.support.services import run_sql
+from tests.support.source_dbs import read_changes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from workload import db_for, execute, load
 
 from airflow_dblog.engine.chunk_file import ChunkFiles
 from airflow_dblog.engine.chunk_task import ChunkTask, error_of
 from airflow_dblog.engine.watermarks import STRATEGIES
 from airflow_dblog.errors import InputError
 from airflow_dblog.sources import source_for
-from airflow_dblog.spark.chunk_runner import SparkChunkRunner
+from airflow_dblog.spark.chunk_jobs import SparkChunkRunner
+from tests.support.workload import db_for, execute, load
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -114,7 +114,7 @@ def test_the_warm_up_runs_a_chunk_job_and_leaves_nothing(
     db = db_for(request, "mysql")
     files = ChunkFiles(str(tmp_path / "chunks"))
     runner = SparkChunkRunner(spark, files)
-    with caplog.at_level("INFO", logger="airflow_dblog.spark.chunk_runner"):
+    with caplog.at_level("INFO", logger="airflow_dblog.spark.chunk_jobs"):
         runner.warm_up("mysql", db.url).result(timeout=120)
     runner.close()
     assert "chunk jobs warmed up in" in caplog.text, caplog.text
@@ -127,7 +127,7 @@ def test_a_warm_up_that_cannot_reach_the_source_is_only_logged_without_the_passw
     files = ChunkFiles(str(tmp_path / "chunks"))
     runner = SparkChunkRunner(spark, files)
     url = "mysql://dblog:s3cret-pw@127.0.0.1:1/nowhere"  # nothing listens on port 1
-    with caplog.at_level("INFO", logger="airflow_dblog.spark.chunk_runner"):
+    with caplog.at_level("INFO", logger="airflow_dblog.spark.chunk_jobs"):
         assert runner.warm_up("mysql", url).result(timeout=120) is None
     runner.close()
     assert "chunk jobs not warmed up" in caplog.text, caplog.text

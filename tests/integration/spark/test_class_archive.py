@@ -12,28 +12,9 @@ from typing import Any
 
 import pytest
 
+from airflow_dblog.engine.connector_jars import spark_jars_dir
 from airflow_dblog.spark import class_archive
-from airflow_dblog.spark.session import _local_driver_conf, spark_jars_dir
-
-JARS = {"spark.jars": "/jars/delta.jar,/jars/kafka.jar"}
-
-
-def test_local_sessions_put_the_jars_first_on_the_class_path_and_map_the_archive(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("DBLOG_CACHE_DIR", str(tmp_path))
-    user = {"spark.driver.extraClassPath": "/mine.jar", "spark.driver.extraJavaOptions": "-Da=1"}
-    without = _local_driver_conf(JARS, user, class_archive=True)
-    assert without == {
-        "spark.driver.extraClassPath": "/jars/delta.jar:/jars/kafka.jar:/mine.jar",
-        "spark.driver.extraJavaOptions": "-Da=1",
-    }
-    archive = class_archive.archive_path("/jars/delta.jar:/jars/kafka.jar")
-    archive.parent.mkdir(parents=True)
-    archive.write_bytes(b"")
-    options = _local_driver_conf(JARS, user, class_archive=True)["spark.driver.extraJavaOptions"]
-    assert options == f"-Da=1 -XX:SharedArchiveFile={archive}"
-    assert "spark.driver.extraJavaOptions" not in _local_driver_conf(JARS, {}, class_archive=False)
+from airflow_dblog.spark.session import java_binary
 
 
 @pytest.mark.integration
@@ -44,7 +25,7 @@ def test_the_test_sessions_jvm_maps_its_classes_from_the_archive(spark: Any) -> 
 
     assert class_archive.built(), "no class archive: run scripts/services.sh class-archive"
     pid = SparkContext._gateway.proc.pid  # type: ignore[union-attr]
-    jcmd = Path(class_archive._java()).parent / "jcmd"
+    jcmd = Path(java_binary()).parent / "jcmd"
     counters = subprocess.run(
         [str(jcmd), str(pid), "PerfCounter.print"], capture_output=True, text=True, check=True
     ).stdout
@@ -62,7 +43,8 @@ def test_a_broken_archive_is_ignored_and_delta_still_works(tmp_path: Path) -> No
     script = textwrap.dedent(
         f"""
         from airflow_dblog.spark import class_archive
-        from airflow_dblog.spark.session import build_spark_session, jar_conf, local_classpath
+        from airflow_dblog.engine.connector_jars import jar_conf, local_classpath
+        from airflow_dblog.spark.session import build_spark_session
         archive = class_archive.archive_path(local_classpath(jar_conf()))
         archive.parent.mkdir(parents=True)
         archive.write_bytes(b"not an archive" * 1000)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_dblog.spark.session import CONNECTOR_JARS, SPARK_VERSION
+from airflow_dblog.engine.connector_jars import CONNECTOR_JARS, SPARK_VERSION
 
 
 @pytest.mark.integration

@@ -1,7 +1,7 @@
 """The whole story as people run it: Airflow keeps the stream running, the trigger form backfills.
 
 Everything is real: Airflow's API server, scheduler, DAG processor and triggerer as processes
-(tests/provider/airflow_services.py), the React UI in Debian's Chromium driven by Playwright,
+(tests/support/airflow_services.py), the React UI in Debian's Chromium driven by Playwright,
 MariaDB, and ``dblog stream`` writing Delta. Nobody starts the stream but Airflow: the
 ``dblog_keep_alive`` DAG's first run starts it (locally, detached from its task) and its lag
 sensor logs a real lag (bytes and seconds behind the binlog). Then the backfill: the form offers
@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from airflow_services import REPO_ROOT, AirflowServices, running_airflow
-from stream_process import TEST_JVM_OPTIONS
 
 from airflow_dblog.config import load_config
 from airflow_dblog.engine.launcher import Launch, alive, pid_path, read_record, stop
+from tests.support.airflow_services import REPO_ROOT, AirflowServices, running_airflow
+from tests.support.stream_process import TEST_JVM_OPTIONS
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page

@@ -12,12 +12,12 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from stream_process import TEST_JVM_OPTIONS, Stream
-from workload import Db, restricted_user
 
 from airflow_dblog.config import Config, load_config
+from tests.support.stream_process import TEST_JVM_OPTIONS, Stream
+from tests.support.workload import Db, restricted_user
 
-DAGS = Path(__file__).resolve().parents[2] / "dags"
+DAGS = Path(__file__).resolve().parents[3] / "dags"
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 

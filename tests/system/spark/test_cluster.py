@@ -1,7 +1,7 @@
 """The standalone cluster and object store of ``scripts/services.sh up spark object-store``.
 
 Executors there run in mount namespaces that hide the driver's disk (the checkout, /tmp), so what
-passes here does not read the driver's files. One cluster application (tests/spark/
+passes here does not read the driver's files. One cluster application (tests/support/
 cluster_tasks.py, its own process) probes the executors and writes a Delta table to s3a://; the
 tests check what it found, and read the table back with another engine (``deltalake``).
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from services import cluster_missing, ensure_cluster, s3_storage_options
+
+from tests.support.services import cluster_missing, ensure_cluster, s3_storage_options
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +30,8 @@ if MISSING := cluster_missing():
     )
 
 ROWS = 500
+# Run as a script by its path: its functions, defined in __main__, go to the executors by value.
+CLUSTER_TASKS = Path(__file__).resolve().parents[2] / "support" / "cluster_tasks.py"
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +56,7 @@ def cluster_run(
     }
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("cluster_tasks.py")), json.dumps(payload)],
+        [sys.executable, str(CLUSTER_TASKS), json.dumps(payload)],
         capture_output=True,
         text=True,
         timeout=300,

@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from oracle import (
+
+from airflow_dblog.cli import main as dblog
+from airflow_dblog.config import Config, load_config
+from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.spool_store import open_store
+from tests.support.oracle import (
     KEY,
     SENTINEL,
     Rows,
@@ -30,14 +35,14 @@ from oracle import (
     check_history,
     kafka_histories,
 )
-from services import cluster_missing, ensure_cluster, read_committed_until, s3_storage_options
-from stream_process import Stream, until, write_config
-from workload import Db, db_for, insert_rows, key_of, load, source_rows, writers
-
-from airflow_dblog.cli import main as dblog
-from airflow_dblog.config import Config, load_config
-from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.spool_store import open_store
+from tests.support.services import (
+    cluster_missing,
+    ensure_cluster,
+    read_committed_until,
+    s3_storage_options,
+)
+from tests.support.stream_process import Stream, until, write_config
+from tests.support.workload import Db, db_for, insert_rows, key_of, load, source_rows, writers
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -19,10 +19,6 @@ from typing import Any
 from urllib.parse import unquote
 
 import pytest
-from oracle import check_outputs, delta_path, delta_rows
-from services import restart_local_service
-from stream_process import Stream, until, write_config
-from workload import Db, db_for, load, source_rows, writers
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import Config, load_config
@@ -31,6 +27,10 @@ from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.errors import MetadataError
 from airflow_dblog.sinks.delta_sink import SEGMENT_BITS
 from airflow_dblog.spark.stream_job import BatchCommitter, _terminated
+from tests.support.oracle import check_outputs, delta_path, delta_rows
+from tests.support.services import restart_local_service
+from tests.support.stream_process import Stream, until, write_config
+from tests.support.workload import Db, db_for, load, source_rows, writers
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

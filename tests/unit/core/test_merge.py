@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from merge_helpers import ChunkRows, ChunkSpec, ExpandingMerge, feed_all, merge, run
 
 from airflow_dblog.core.events import ChangeEvent, Heartbeat, TableId, WatermarkEvent
 from airflow_dblog.core.gtid import parse_gtid_set
@@ -25,6 +24,7 @@ from airflow_dblog.core.window import (
     WindowError,
     XidSnapshot,
 )
+from tests.support.merge_helpers import ChunkRows, ChunkSpec, ExpandingMerge, feed_all, merge, run
 
 T = TableId("app", "t")
 OTHER = TableId("app", "other")

@@ -1,5 +1,6 @@
 """Chunk files: a chunk's rows as Parquet under ``<checkpoint>/chunks`` (locally and on the
-object store), the rows a window drops, and the spool's reference that places them."""
+object store: tests/integration/engine/test_chunk_file.py), the rows a window drops, and the
+spool's reference that places them."""
 
 from __future__ import annotations
 
@@ -7,9 +8,7 @@ import dataclasses
 import datetime as dt
 import decimal
 import json
-import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -153,19 +152,14 @@ def test_span_grows_and_stays_none_once_broken() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# ChunkFiles, on a local directory and on the object store
+# ChunkFiles, on a local directory (tests/integration/engine/test_chunk_file.py: object store)
 
 
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.integration)])
-def files(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ChunkFiles]:
-    if request.param == "local":
-        yield ChunkFiles(str(tmp_path / "cp" / "chunks"))
-        return
-    if not os.environ.get("DBLOG_S3_ENDPOINT") or not os.environ.get("AWS_ACCESS_KEY_ID"):
-        pytest.skip('DBLOG_S3_ENDPOINT not set: eval "$(scripts/services.sh env)"')
-    remote = ChunkFiles(f"s3a://dblog/tests/{uuid.uuid4().hex}/chunks/")
-    yield remote
-    remote.delete_except(())
+@pytest.fixture(params=["local"])
+def files(tmp_path: Path) -> ChunkFiles:
+    """Chunk files in a local folder; the integration tier collects the tests that take this
+    fixture again with an object-store folder."""
+    return ChunkFiles(str(tmp_path / "cp" / "chunks"))
 
 
 def test_folder_names_carry_the_chunk_and_differ_per_select() -> None:

@@ -1,8 +1,9 @@
 """The launcher: start the stream unless it runs, wait until it commits, notice a dead one.
 
-Fast tests run a stand-in for ``dblog stream`` (``python=`` a script that commits heartbeats
+These tests run a stand-in for ``dblog stream`` (``python=`` a script that commits heartbeats
 to the metadata store as the stream does, then sleeps), so the decisions are exercised without
-a JVM; one test starts the real stream against MariaDB; the lease check runs on ZooKeeper.
+a JVM (tests/integration/engine/test_launcher.py checks the lease on ZooKeeper,
+tests/system/engine/test_launcher.py starts the real stream against MariaDB).
 """
 
 from __future__ import annotations
@@ -11,13 +12,10 @@ import dataclasses
 import os
 import signal
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import fake_stream
 import pytest
 
 from airflow_dblog.config import load_config
@@ -32,7 +30,8 @@ from airflow_dblog.engine.launcher import (
     stop,
 )
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.metadata.store import utcnow
+from airflow_dblog.engine.metadata.database import utcnow
+from tests.support import fake_stream
 
 CONFIG = """
 name: launched
@@ -171,7 +170,9 @@ def test_spark_submit_command_carries_the_jars_and_the_job(
 ) -> None:
     from airflow_dblog.engine.launcher import DEFAULT_APPLICATION, stream_command
 
-    monkeypatch.setattr("airflow_dblog.spark.session.spark_jars", lambda: ["/j/a.jar", "/j/b.jar"])
+    monkeypatch.setattr(
+        "airflow_dblog.engine.connector_jars.spark_jars", lambda: ["/j/a.jar", "/j/b.jar"]
+    )
     launch = Launch(mode="spark-submit", spark_args=["--master", "spark://m:7077"])
     assert stream_command(config_path, launch) == [
         "spark-submit",
@@ -185,85 +186,3 @@ def test_spark_submit_command_carries_the_jars_and_the_job(
     ]
     with pytest.raises(LaunchError, match=r"application /no/job\.py not found"):
         stream_command(config_path, Launch(mode="spark-submit", application="/no/job.py"))
-
-
-@pytest.mark.integration
-def test_a_holder_of_the_lease_counts_as_running(
-    config_path: str, zookeeper_server: Any, zk_path: str
-) -> None:
-    from airflow_dblog.config import HaConfig
-    from airflow_dblog.engine.leader import LeaderLease
-
-    hosts = zookeeper_server.connect_string(zk_path)
-    Path(config_path).write_text(
-        Path(config_path).read_text() + f"ha: {{zookeeper: '{hosts}', session_timeout_s: 4}}\n"
-    )
-    config = load_config(config_path)
-    lease = LeaderLease(HaConfig(hosts, 4), config.name, "other-host:4242")
-    assert lease.acquire(threading.Event()) is not None
-    try:
-        ensured = ensure_stream(config_path, config, Launch(python="/nonexistent/python"))
-    finally:
-        lease.close()
-    assert not ensured.started
-    assert ensured.reason == (
-        "stream launched is running: other-host:4242 holds the leader lease (1 queued)"
-    )
-    with pytest.raises(LaunchError, match="cannot run /nonexistent/python"):
-        ensure_stream(config_path, config, Launch(python="/nonexistent/python"))
-
-
-@pytest.mark.integration
-@pytest.mark.slow
-def test_spark_submits_the_real_stream_against_mariadb_and_then_leaves_it_alone(
-    mysql_db: Any, tmp_path: Path
-) -> None:
-    """Through pyspark's own spark-submit, ``--master local[2]`` standing in for a cluster's
-    master URL (the driver runs in the spark-submit process either way); ``dblog stream`` in
-    local mode is started for real by the browser test's keep-alive DAG."""
-    conn = mysql_db.connect()
-    with conn.cursor() as cur:
-        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
-        cur.execute("INSERT INTO t VALUES (1, 1)")
-    conn.close()
-    path = tmp_path / "real.yaml"
-    path.write_text(
-        f"""
-name: launched-real
-source: {{type: mysql, url: "{mysql_db.url}", tables: [{mysql_db.name}.t]}}
-metadata: {{url: "sqlite:///{tmp_path}/meta.db"}}
-sinks: {{delta: {{path: {tmp_path}/delta}}}}
-checkpoint: {tmp_path}/cp
-"""
-    )
-    config = load_config(path)
-    spark_submit = Path(sys.executable).parent / "spark-submit"
-    launch = Launch(
-        mode="spark-submit",
-        spark_submit=str(spark_submit),
-        spark_args=[
-            *("--master", "local[2]", "--conf", "spark.ui.enabled=false"),
-            *("--conf", f"spark.pyspark.python={sys.executable}"),  # the workers' Python
-        ],
-        timeout_s=240,
-    )
-    started = time.monotonic()
-    first = ensure_stream(str(path), config, launch)
-    try:
-        print(f"spark-submitted stream committing after {time.monotonic() - started:.1f}s")
-        assert first.started and first.status is not None
-        assert first.status.state == "running" and first.status.lag_bytes is not None
-        again = ensure_stream(str(path), config, launch)
-        assert not again.started and again.pid == first.pid
-    finally:
-        record = read_record(pid_path(config, launch))
-        assert record is not None
-        stop(record)
-    deadline = time.monotonic() + 10  # spark-submit's JVM and the Python driver, reaped
-    with pytest.raises(ProcessLookupError):
-        while time.monotonic() < deadline:
-            os.killpg(record.pid, 0)
-            time.sleep(0.1)
-    assert record.command[:2] == [str(spark_submit), "--master"]
-    assert record.command[-2:] == ["-c", str(path)]
-    assert ":secret" not in " ".join(record.command)

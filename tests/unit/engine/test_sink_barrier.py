@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_dblog.engine.sink_progress import SinkProgress
+from airflow_dblog.engine.sink_barrier import SinkBarrier
 
 
 def _footers(*seqs: int) -> list[dict[str, Any]]:
@@ -14,15 +14,15 @@ def _footers(*seqs: int) -> list[dict[str, Any]]:
 def test_a_segment_is_committed_when_the_slowest_sink_holds_it_and_trimmed_behind_it() -> None:
     committed: list[int] = []
     trims: list[int] = []
-    progress = SinkProgress(
+    barrier = SinkBarrier(
         ["delta", "kafka"], lambda fs: committed.extend(f["seq"] for f in fs), trims.append
     )
-    assert progress.held("kafka", _footers(0, 1, 2)) == []  # Delta holds nothing yet
+    assert barrier.held("kafka", _footers(0, 1, 2)) == []  # Delta holds nothing yet
     assert trims[-1] == 0  # Delta's query has not run: nothing may go
-    assert [f["seq"] for f in progress.held("kafka", _footers(3, 4))] == []
-    assert [f["seq"] for f in progress.held("delta", _footers(0, 1, 2, 3))] == [0, 1, 2, 3]
+    assert [f["seq"] for f in barrier.held("kafka", _footers(3, 4))] == []
+    assert [f["seq"] for f in barrier.held("delta", _footers(0, 1, 2, 3))] == [0, 1, 2, 3]
     assert trims[-1] == 0  # Delta may still replay its batch from segment 0
-    assert [f["seq"] for f in progress.held("delta", _footers(4, 5))] == [4]
+    assert [f["seq"] for f in barrier.held("delta", _footers(4, 5))] == [4]
     assert trims[-1] == 3  # Kafka's current batch began at 3, Delta's at 4
     assert committed == [0, 1, 2, 3, 4]  # each once, in order
 
@@ -30,9 +30,9 @@ def test_a_segment_is_committed_when_the_slowest_sink_holds_it_and_trimmed_behin
 def test_after_a_restart_the_sink_that_replays_reports_what_the_other_held() -> None:
     """Kafka held 0-5 before a crash, Delta 0-2: Delta replays 3-5 and commits them."""
     committed: list[int] = []
-    progress = SinkProgress(
+    barrier = SinkBarrier(
         ["delta", "kafka"], lambda fs: committed.extend(f["seq"] for f in fs), lambda seq: 0
     )
-    assert progress.held("delta", _footers(3, 4, 5)) == []  # Kafka has run no batch yet
-    assert [f["seq"] for f in progress.held("kafka", _footers(6))] == [3, 4, 5]
+    assert barrier.held("delta", _footers(3, 4, 5)) == []  # Kafka has run no batch yet
+    assert [f["seq"] for f in barrier.held("kafka", _footers(6))] == [3, 4, 5]
     assert committed == [3, 4, 5]

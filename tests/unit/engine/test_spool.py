@@ -1,6 +1,7 @@
 """The spool's segment files: atomic appends, Parquet rows in order and the footer in the
 metadata, chunk references, plain JSON values, the conversion of JSON-lines segments of 0.2,
-garbage collection of segments and the chunk files they refer to."""
+garbage collection of segments and the chunk files they refer to (on the object store:
+tests/integration/engine/test_spool.py)."""
 
 from __future__ import annotations
 
@@ -506,11 +507,10 @@ def _legacy_footer(seq: int, events: list[ChangeEvent], **fields: Any) -> dict[s
     }
 
 
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.integration)])
-def spool_location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "s3":
-        location: str = request.getfixturevalue("s3_spool_uri")
-        return location
+@pytest.fixture(params=["local"])
+def spool_location(tmp_path: Path) -> str:
+    """A local spool; tests/integration/engine/test_spool.py collects the tests that take this
+    fixture again with a spool on the object store."""
     return str(tmp_path / "spool")
 
 
@@ -587,78 +587,3 @@ def test_plain_values_are_what_consumers_can_read() -> None:
     assert plain_value(uuid.UUID(int=1)) == "00000000-0000-0000-0000-000000000001"
     assert plain_value({"a": [1, decimal.Decimal("2")]}) == '{"a":[1,"2"]}'
     assert plain_value(dt.timedelta(minutes=1)) == 60.0
-
-
-@pytest.fixture
-def s3_spool_uri() -> str:
-    """A fresh folder on the object store of ``scripts/services.sh up object-store``."""
-    if not os.environ.get("DBLOG_S3_ENDPOINT") or not os.environ.get("AWS_ACCESS_KEY_ID"):
-        pytest.skip('DBLOG_S3_ENDPOINT not set: eval "$(scripts/services.sh env)"')
-    pytest.importorskip("pyarrow")
-    return f"s3a://dblog/tests/{uuid.uuid4().hex}/cp/spool"
-
-
-@pytest.mark.integration
-def test_an_object_store_spool_holds_the_same_bytes_as_a_local_one(
-    tmp_path: Path, s3_spool_uri: str
-) -> None:
-    """One PUT per segment (no rename on object stores), read back through the same layer;
-    the chunk files beside the spool, deleted with the segments that refer to them."""
-    local, remote = Spool(tmp_path / "spool"), Spool(s3_spool_uri)
-    assert remote.chunks.location == s3_spool_uri.removesuffix("/spool") + "/chunks"
-    arrow, selected = encode_rows(5, [((k,), {"id": k}) for k in (1, 2, 3)])
-    folder = ChunkFiles.new_folder(5)
-    ref = ChunkRef("db.t", 5, 1, folder, str(BASE), 0, selected.count, (1,), 7, selected.key_span)
-    kept = ChunkFiles.new_folder(6)
-    later = ChunkRef("db.t", 6, 1, kept, str(BASE), 3, selected.count, (), 7, selected.key_span)
-    events = [_event(1), ref, _event(2)]
-    for spool in (local, remote):
-        spool.chunks.write(folder, arrow)
-        spool.chunks.write(kept, arrow)
-        assert spool.append(events, {"reader": {"pos": 2}, "closed": []}) == 0
-        assert spool.append([], {"reader": {"pos": 3}, "closed": []}) == 1
-        assert spool.append([_event(3), later], {"closed": [{"chunk_id": 1}]}) == 2
-    assert remote.segments() == [0, 1, 2] and remote.end() == 3
-    for seq in (0, 1, 2):
-        local_bytes = (tmp_path / "spool" / local.name(seq)).read_bytes()
-        assert remote.store.read(remote.name(seq)) == local_bytes
-    assert remote.read(0) == local.read(0) == Spool(s3_spool_uri).read(0)
-    assert remote.footer(0) == local.footer(0)  # the metadata, read from the object's end
-    assert remote.read(0).items[1] == ref and remote.footer(0)["chunk_folders"] == [folder]
-    texts = list(ref.texts(remote.chunks))
-    assert texts == list(ref.texts(local.chunks))
-    assert [(t.key, t.position) for t in texts] == [
-        ("[1]", str(BASE.dumped_row(0))),
-        ("[3]", str(BASE.dumped_row(2))),
-    ]
-    assert remote.read(2) == local.read(2) and remote.footer(1) == local.footer(1)
-    assert remote.size(0) == local.size(0)
-    assert list(remote.entries(after=0)) == list(local.entries(after=0)) == [1, 2]
-    assert remote.uri(0) == f"{s3_spool_uri}/{remote.name(0)}"  # what Spark's executors read
-    assert remote.footer(1)["events"] == 0 and remote.footer(0)["events"] == 4  # 2 rows dumped
-    late = Spool(s3_spool_uri)
-    late.end = lambda: 0  # type: ignore[method-assign]  # numbered before the first wrote
-    with pytest.raises(DblogError, match=r"segment 0 in s3a://.* was written by another process"):
-        late.append([_event(9)], {"closed": []})
-    assert remote.store.read(remote.name(0)) == local.store.read(local.name(0))  # untouched
-    assert remote.chunks.folders() == sorted([folder, kept])
-    assert Spool(s3_spool_uri).drop_before(2) == 2 and remote.segments() == [2]  # a restart's
-    assert remote.chunks.folders() == [kept]
-    assert remote.drop_before(3) == 1 and remote.chunks.folders() == []
-
-
-@pytest.mark.integration
-def test_the_changelog_source_plans_an_object_store_spool_from_its_listing(
-    s3_spool_uri: str,
-) -> None:
-    pytest.importorskip("pyspark")
-    from airflow_dblog.spark import changelog_source
-
-    spool = Spool(s3_spool_uri)
-    for i in range(3):
-        spool.append([_event(i)] * 5, {"closed": []})
-    reader = changelog_source.ChangelogStreamReader(s3_spool_uri, {})
-    assert reader.latestOffset(None) == {"segment": 3}
-    assert reader.latestOffset({"segment": 1}) == {"segment": 3}
-    (partition,) = reader.partitions({"segment": 1}, {"segment": 3})
-    assert list(reader.read(partition)) == [(1,), (2,)]  # numbers only: no file on executors

@@ -6,16 +6,17 @@ from typing import Any
 
 import pytest
 
-from airflow_dblog.engine.watermarks import (
-    STRATEGIES,
+from airflow_dblog.engine.watermarks import STRATEGIES, watermark_strategy
+from airflow_dblog.errors import ConfigError, SourceError
+from airflow_dblog.sources.mysql.watermarks import (
     GtidWatermarks,
     MariaDbSnapshotWatermarks,
     MysqlTableWatermarks,
+)
+from airflow_dblog.sources.postgres.watermarks import (
     PostgresSnapshotWatermarks,
     PostgresTableWatermarks,
-    watermark_strategy,
 )
-from airflow_dblog.errors import ConfigError, SourceError
 
 
 class Server:

@@ -15,7 +15,7 @@ import pytest
 from airflow_dblog.config import load_config
 from airflow_dblog.core.events import TableId
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.metadata.store import TablePlan
+from airflow_dblog.engine.metadata.dumps import TablePlan
 from airflow_dblog.provider.assets import (
     dblog_assets,
     kafka_uri,

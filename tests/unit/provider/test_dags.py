@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-DAGS = Path(__file__).resolve().parents[2] / "dags"
+DAGS = Path(__file__).resolve().parents[3] / "dags"
 CONFIG = """
 name: inventory
 source: {type: mysql, url: "mysql://u:p@127.0.0.1:1/app", tables: [app.orders, app.users]}
@@ -69,7 +69,7 @@ def test_health_dag_fails_unless_the_stream_runs_with_a_known_lag(
 
     from airflow_dblog.core.position import Position
     from airflow_dblog.engine.metadata import MetadataStore
-    from airflow_dblog.engine.metadata.store import utcnow
+    from airflow_dblog.engine.metadata.database import utcnow
     from airflow_dblog.errors import DblogError
 
     (tmp_path / "dblog.yaml").write_text(CONFIG + "metadata: {url: sqlite:///./meta.db}\n")

@@ -7,11 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
-from trigger_loop import collect
 
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.metadata.store import TablePlan
+from airflow_dblog.engine.metadata.dumps import TablePlan
 from airflow_dblog.provider.triggers.dblog import DblogDumpTrigger
+from tests.support.trigger_loop import collect
 
 
 def _store(tmp_path: Path) -> tuple[str, MetadataStore, int]:

@@ -17,25 +17,19 @@ from pymysqlreplication.row_event import WriteRowsEvent
 from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.core.position import Position
 from airflow_dblog.errors import SourceError
-from airflow_dblog.sources import binlog_reader
-from airflow_dblog.sources.binlog_reader import (
+from airflow_dblog.sources.mysql import binlog_reader
+from airflow_dblog.sources.mysql.binlog_codecs import _enum_values
+from airflow_dblog.sources.mysql.binlog_reader import (
     BinlogReader,
-    _enum_values,
     _reset_since,
     _same_history,
     server_id_for,
 )
-from airflow_dblog.sources.mysql import (
-    ColumnInfo,
-    _keyset_after,
-    _keyset_upto,
-    coerce_value,
-    connect,
-    mysql_gtids_before,
-    parse_mysql_url,
-    quote_ident,
-    validate_binlog_variables,
-)
+from airflow_dblog.sources.mysql.connection import connect, parse_mysql_url
+from airflow_dblog.sources.mysql.dialect import _keyset_after, _keyset_upto, quote_ident
+from airflow_dblog.sources.mysql.key_values import coerce_value
+from airflow_dblog.sources.mysql.schema import ColumnInfo
+from airflow_dblog.sources.mysql.source import mysql_gtids_before, validate_binlog_variables
 
 A = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
 B = "4f22ab58-82db-22f2-af44-d91bba53a673"

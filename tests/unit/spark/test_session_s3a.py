@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_dblog.engine import connector_jars
 from airflow_dblog.spark import session
 
 
@@ -63,13 +64,13 @@ def test_the_package_zip_holds_the_package_and_its_data() -> None:
 
 def test_a_jar_cache_missing_a_pinned_jar_is_not_complete(tmp_path: Path) -> None:
     (tmp_path / ".complete").write_text("old\n")
-    for coordinate in session.CONNECTOR_JARS:
+    for coordinate in connector_jars.CONNECTOR_JARS:
         _group, artifact, version = coordinate.split(":")
         if artifact != "hadoop-aws":
             (tmp_path / f"{artifact}-{version}.jar").write_bytes(b"")
-    assert not session._complete(tmp_path)
+    assert not connector_jars._complete(tmp_path)
     (tmp_path / "hadoop-aws-3.5.0.jar").write_bytes(b"")
-    assert session._complete(tmp_path)
+    assert connector_jars._complete(tmp_path)
 
 
 def test_an_endpoint_in_the_config_alone_gets_path_style(no_s3_env: pytest.MonkeyPatch) -> None:

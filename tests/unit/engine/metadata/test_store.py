@@ -1,4 +1,4 @@
-"""The metadata store on SQLite, PostgreSQL and MariaDB: migrations, dump state machine, chunks."""
+"""The metadata store on SQLite: migrations, dump state machine, chunks, fencing, controls."""
 
 from __future__ import annotations
 
@@ -14,21 +14,23 @@ import pytest
 
 from airflow_dblog.config import DumpSettings
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.metadata.store import Fence, TablePlan
+from airflow_dblog.engine.metadata.database import Fence
+from airflow_dblog.engine.metadata.dumps import TablePlan
 from airflow_dblog.errors import FencedError, MetadataError
 
 
-@pytest.fixture(
-    params=[
-        "sqlite",
-        pytest.param("postgres", marks=pytest.mark.integration),
-        pytest.param("mariadb", marks=pytest.mark.integration),
-    ]
-)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> MetadataStore:
-    if request.param == "sqlite":
+@pytest.fixture(params=["sqlite"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """The metadata database these tests run on: SQLite here, PostgreSQL and MariaDB in
+    tests/integration/engine/metadata/test_store.py, which collects the same tests again."""
+    return request.param
+
+
+@pytest.fixture
+def store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> MetadataStore:
+    if backend == "sqlite":
         url = f"sqlite:///{tmp_path}/meta.db"
-    elif request.param == "postgres":
+    elif backend == "postgres":
         url = request.getfixturevalue("postgres_db").sqlalchemy_url
     else:
         url = request.getfixturevalue("mysql_db").sqlalchemy_url
@@ -57,14 +59,6 @@ def test_migrations_apply_once_and_are_idempotent(store: MetadataStore) -> None:
     assert store.revision() == "0003"
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        "sqlite",
-        pytest.param("postgres", marks=pytest.mark.integration),
-        pytest.param("mariadb", marks=pytest.mark.integration),
-    ],
-)
 def test_processes_starting_together_migrate_a_new_database_once(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
@@ -97,7 +91,7 @@ def test_0003_keeps_stream_state_and_adds_the_source_time(tmp_path: Path) -> Non
     from alembic import command
     from alembic.config import Config as AlembicConfig
 
-    from airflow_dblog.engine.metadata.store import MIGRATIONS
+    from airflow_dblog.engine.metadata.database import MIGRATIONS
 
     old = MetadataStore(f"sqlite:///{tmp_path}/old.db", upgrade=False)
     cfg = AlembicConfig()

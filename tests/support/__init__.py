@@ -1,0 +1,1 @@
+"""Helpers shared by the tests of every tier: service fixtures' logic, workloads, fakes, oracles."""

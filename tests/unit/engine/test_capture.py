@@ -1,0 +1,211 @@
+"""The capture loop against a source in memory: log events in commit order, a dump interleaved
+with writes that converges to the table, and restarts from the saved offset.
+
+(tests/integration/engine/test_capture.py runs the loop on the real servers.)
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from airflow_dblog.config import Config
+from airflow_dblog.core.events import ChangeEvent, TableId, WatermarkEvent
+from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.planner import plan_dump
+from tests.support.fake_source import FakeChangelogReader, FakeDatabase, FakeSource, fake_config
+from tests.support.memory_sink import MemoryCapture, MemorySink
+
+
+@pytest.fixture
+def items(fake_db: FakeDatabase) -> TableId:
+    return fake_db.create_table("items", {"id": "int", "v": "text"})
+
+
+def _open(config: Config, meta: MetadataStore, db: FakeDatabase, sink: MemorySink) -> MemoryCapture:
+    """The capture as a (re)started stream opens it: from the saved offset, if any."""
+    state = meta.stream_state(config.name)
+    saved = (state.source_offset or {}) if state else {}
+    reader = FakeChangelogReader(db, saved.get("reader"))
+    return MemoryCapture(
+        config, meta, FakeSource(db.url), reader, [sink], batch_id=saved.get("batch_id", 0)
+    )
+
+
+def _run_until(capture: MemoryCapture, done: Callable[[], bool], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "the capture did not get there in time"
+        capture.step(timeout_s=0)
+
+
+def _drain(capture: MemoryCapture, db: FakeDatabase) -> None:
+    """Step until the reader has read the whole log and nothing is in flight."""
+    _run_until(
+        capture,
+        lambda: capture.reader.offset()["next"] == len(db.log) and not capture.executor.busy(),
+    )
+    capture.step(timeout_s=0)
+
+
+def _logged_changes(db: FakeDatabase) -> list[ChangeEvent]:
+    return [i for i in db.log if isinstance(i, ChangeEvent)]
+
+
+def _writes(db: FakeDatabase, table: TableId, rng: random.Random, n: int, keys: int) -> None:
+    """``n`` random inserts, updates and deletes on keys below ``keys``."""
+    for _ in range(n):
+        key = rng.randrange(keys)
+        exists = (key,) in db.tables[table].rows
+        if not exists:
+            db.insert(table, {"id": key, "v": f"new {rng.random():.6f}"})
+        elif rng.random() < 0.3:
+            db.delete(table, (key,))
+        else:
+            db.update(table, (key,), v=f"upd {rng.random():.6f}")
+
+
+def test_log_events_reach_the_sink_in_commit_order(
+    fake_db: FakeDatabase, items: TableId, meta: MetadataStore, tmp_path: Path
+) -> None:
+    config = fake_config(fake_db, [items], tmp_path)
+    sink = MemorySink()
+    capture = _open(config, meta, fake_db, sink)
+    _writes(fake_db, items, random.Random(7), 60, 10)
+    _drain(capture, fake_db)
+    capture.close()
+    assert sink.received == _logged_changes(fake_db)
+    assert sink.rows(items) == fake_db.rows(items)
+
+
+def test_rows_written_before_the_stream_started_are_not_in_its_log(
+    fake_db: FakeDatabase, items: TableId, meta: MetadataStore, tmp_path: Path
+) -> None:
+    fake_db.insert(items, {"id": 1, "v": "old"})
+    config = fake_config(fake_db, [items], tmp_path)
+    sink = MemorySink()
+    capture = _open(config, meta, fake_db, sink)
+    fake_db.insert(items, {"id": 2, "v": "new"})
+    _drain(capture, fake_db)
+    capture.close()
+    assert sink.rows(items) == {(2,): {"id": 2, "v": "new"}}  # the old row comes by dump only
+
+
+@pytest.mark.parametrize(("seed", "parallelism"), [(1, 1), (2, 3)])
+def test_a_dump_interleaved_with_writes_converges_to_the_tables_state(
+    fake_db: FakeDatabase, items: TableId, meta: MetadataStore, tmp_path: Path,
+    seed: int, parallelism: int,
+) -> None:  # fmt: skip
+    rng = random.Random(seed)
+    fake_db.insert(items, *({"id": i, "v": f"seed {i}"} for i in range(0, 60, 2)))
+    config = fake_config(fake_db, [items], tmp_path, chunk_size=4, parallelism=parallelism)
+    sink = MemorySink()
+    capture = _open(config, meta, fake_db, sink)  # the seed rows can only come by dump
+    dump_id = plan_dump(config, meta)
+    deadline = time.monotonic() + 60
+    while meta.progress(dump_id).state != "done":
+        assert time.monotonic() < deadline, meta.progress(dump_id)
+        _writes(fake_db, items, rng, 3, 70)
+        capture.step(timeout_s=0)
+    _drain(capture, fake_db)
+    capture.close()
+    progress = meta.progress(dump_id)
+    assert sink.rows(items) == fake_db.rows(items)
+    dumped = [e for e in sink.received if e.op == "r"]
+    assert len(dumped) == progress.rows_emitted > 0
+    assert progress.rows_dropped > 0  # writes did land inside windows: the test exercised them
+    positions = {}
+    for event in sink.received:  # no key's position ever goes back in what the sink received
+        assert positions.get(event.key, event.position) <= event.position, event
+        positions[event.key] = event.position
+
+
+def test_dumped_rows_are_placed_at_their_high_watermark_in_select_order(
+    fake_db: FakeDatabase, items: TableId, meta: MetadataStore, tmp_path: Path
+) -> None:
+    fake_db.insert(items, *({"id": i, "v": f"v{i}"} for i in range(5)))
+    config = fake_config(fake_db, [items], tmp_path, chunk_size=10)
+    sink = MemorySink()
+    capture = _open(config, meta, fake_db, sink)
+    dump_id = plan_dump(config, meta)
+    _run_until(capture, lambda: meta.progress(dump_id).state == "done")
+    capture.close()
+    high = [i for i in fake_db.log if isinstance(i, WatermarkEvent)][-1]
+    dumped = [e for e in sink.received if e.op == "r"]
+    assert [e.key for e in dumped] == [(i,) for i in range(5)]
+    assert [e.position for e in dumped] == [high.position.dumped_row(i) for i in range(5)]
+    assert {(e.dump_id, e.chunk_id) for e in dumped} == {(dump_id, meta.chunks(dump_id)[0].id)}
+
+
+def test_a_restart_from_the_saved_offset_resumes_without_doubling(
+    fake_db: FakeDatabase, items: TableId, meta: MetadataStore, tmp_path: Path
+) -> None:
+    rng = random.Random(3)
+    config = fake_config(fake_db, [items], tmp_path)
+    sink = MemorySink()
+    capture = _open(config, meta, fake_db, sink)
+    _writes(fake_db, items, rng, 30, 8)
+    _drain(capture, fake_db)
+    capture.reader.close()  # a crash after the commit: nothing else is closed
+    _writes(fake_db, items, rng, 30, 8)
+    again = _open(config, meta, fake_db, sink)
+    _drain(again, fake_db)
+    again.close()
+    assert sink.received == _logged_changes(fake_db)  # each change once, in order
+    assert sink.rows(items) == fake_db.rows(items)
+
+
+def test_a_restart_in_the_middle_of_a_dump_selects_unfinished_chunks_again_and_converges(
+    fake_db: FakeDatabase, items: TableId, meta: MetadataStore, tmp_path: Path
+) -> None:
+    rng = random.Random(5)
+    fake_db.insert(items, *({"id": i, "v": f"seed {i}"} for i in range(40)))
+    config = fake_config(fake_db, [items], tmp_path, chunk_size=3, parallelism=2)
+    sink = MemorySink()
+    capture = _open(config, meta, fake_db, sink)
+    dump_id = plan_dump(config, meta)
+    _run_until(capture, lambda: meta.progress(dump_id).chunks_done >= 3)
+    capture.reader.close()  # crash with chunks in flight
+    capture.runner.close()
+    again = _open(config, meta, fake_db, sink)
+    deadline = time.monotonic() + 60
+    while meta.progress(dump_id).state != "done":
+        assert time.monotonic() < deadline, meta.progress(dump_id)
+        _writes(fake_db, items, rng, 2, 45)
+        again.step(timeout_s=0)
+    _drain(again, fake_db)
+    again.close()
+    assert sink.rows(items) == fake_db.rows(items)
+    seeded = 40  # logged before the stream started
+    assert [e for e in sink.received if e.op != "r"] == _logged_changes(fake_db)[seeded:]
+
+
+def test_a_new_stream_saves_its_first_offset_before_it_reads(
+    fake_db: FakeDatabase, items: TableId, meta: MetadataStore, tmp_path: Path
+) -> None:
+    fake_db.insert(items, {"id": 1, "v": "before"})
+    config = fake_config(fake_db, [items], tmp_path)
+    capture = _open(config, meta, fake_db, MemorySink())
+    state = meta.stream_state(config.name)
+    assert state is not None and state.source_offset == {"reader": {"next": 1}, "batch_id": 0}
+    capture.close()
+
+
+def test_the_source_is_acknowledged_only_with_committed_offsets(
+    fake_db: FakeDatabase, items: TableId, meta: MetadataStore, tmp_path: Path
+) -> None:
+    config = fake_config(fake_db, [items], tmp_path)
+    capture = _open(config, meta, fake_db, MemorySink())
+    fake_db.insert(items, {"id": 1, "v": "a"}, {"id": 2, "v": "b"})
+    capture.step(max_items=1, timeout_s=0)
+    state = meta.stream_state(config.name)
+    assert state is not None and state.source_offset["reader"] == {"next": 1}
+    assert fake_db.acknowledged == [{"next": 1}]
+    capture.step(max_items=1, timeout_s=0)
+    assert fake_db.acknowledged == [{"next": 1}, {"next": 2}]
+    capture.close()
+    assert capture.reader.closed  # type: ignore[attr-defined]
