@@ -39,22 +39,10 @@ def quote_table(table: TableId) -> str:
     return DIALECT.table(table)
 
 
-def _keyset_after(cols: Sequence[str], values: Sequence[Any]) -> Statement:
-    """``(cols) > (values)`` spelled so the range optimizer uses the key index.
-
-    ``c0 >= v0 AND (c0 > v0 OR (c0 = v0 AND c1 > v1) OR ...)``: MariaDB does not turn a row
-    constructor comparison into an index range, but it does turn this.
-    """
-    return _expanded([quote_ident(c) for c in cols], values, ">")
-
-
-def _keyset_upto(cols: Sequence[str], values: Sequence[Any]) -> Statement:
-    """``(cols) <= (values)``."""
-    return _expanded([quote_ident(c) for c in cols], values, "<=")
-
-
 def _expanded(q: Sequence[str], values: Sequence[Any], op: str) -> Statement:
-    """``(q) op (values)`` for quoted columns ``q`` (see :func:`_keyset_after`)."""
+    """``(q) op (values)`` for quoted columns ``q``, spelled so the range optimizer uses the key
+    index: ``c0 >= v0 AND (c0 > v0 OR (c0 = v0 AND c1 > v1) OR ...)`` for ``>``. MariaDB does not
+    turn a row constructor comparison into an index range, but it does turn this."""
     if len(q) == 1:
         return f"{q[0]} {op} %s", [values[0]]
     strict = op[0]  # ">" or "<"

@@ -1,5 +1,5 @@
 """Wal2jsonReader without a server: commit times, table filters, offsets, heartbeat LSNs, xids
-(tests/integration/sources/test_wal2json_reader.py reads the real PostgreSQL)."""
+(tests/integration/sources/postgres/test_wal2json_reader.py reads the real PostgreSQL)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from airflow_dblog.sources.mysql.binlog_reader import (
     server_id_for,
 )
 from airflow_dblog.sources.mysql.connection import connect, parse_mysql_url
-from airflow_dblog.sources.mysql.dialect import _keyset_after, _keyset_upto, quote_ident
+from airflow_dblog.sources.mysql.dialect import DIALECT, quote_ident
 from airflow_dblog.sources.mysql.key_values import coerce_value
 from airflow_dblog.sources.mysql.schema import ColumnInfo
 from airflow_dblog.sources.mysql.source import mysql_gtids_before, validate_binlog_variables
@@ -111,16 +111,16 @@ def test_binlog_variables_accepted() -> None:
 
 
 def test_keyset_sql_is_expanded_and_parameterised() -> None:
-    sql, params = _keyset_after(["a", "b"], [1, "x"])
+    sql, params = DIALECT.compare(["`a`", "`b`"], ">", [1, "x"])
     assert sql == "(`a` >= %s AND ((`a` > %s) OR (`a` = %s AND `b` > %s)))"
     assert params == [1, 1, 1, "x"]
-    sql, params = _keyset_upto(["a", "b", "c"], [1, 2, 3])
+    sql, params = DIALECT.compare(["`a`", "`b`", "`c`"], "<=", [1, 2, 3])
     assert sql == (
         "(`a` <= %s AND ((`a` < %s) OR (`a` = %s AND `b` < %s)"
         " OR (`a` = %s AND `b` = %s AND `c` <= %s)))"
     )
     assert params == [1, 1, 1, 2, 1, 2, 3]
-    assert _keyset_after(["id"], [5]) == ("`id` > %s", [5])
+    assert DIALECT.compare(["`id`"], ">", [5]) == ("`id` > %s", [5])
 
 
 def test_coerce_values() -> None:

@@ -1,5 +1,5 @@
 """PostgresSource without a server: URLs, snapshot visibility, value coercion
-(tests/integration/sources/test_postgres.py runs it on the real PostgreSQL)."""
+(tests/integration/sources/postgres/test_source.py runs it on the real PostgreSQL)."""
 
 from __future__ import annotations
 
