@@ -174,7 +174,7 @@ class _GoneStore:
 def test_a_failed_delta_batch_is_reported_as_its_own_one_line_error(spark: Any) -> None:
     """Spark wraps a foreachBatch exception in pages of py4j traceback; the job reports the
     cause (e.g. the metadata database) in one line, whichever of its threads saw it first."""
-    committer = BatchCommitter(sink=None, progress=None, store=_GoneStore(), spool=None)  # type: ignore[arg-type]
+    committer = BatchCommitter(sink=None, barrier=None, store=_GoneStore(), spool=None)  # type: ignore[arg-type]
     query = (
         spark.readStream.format("rate")
         .option("rowsPerSecond", 1)
