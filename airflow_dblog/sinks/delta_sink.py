@@ -2,8 +2,9 @@
 
 Each micro-batch is applied with one MERGE per table: the batch keeps the latest position per
 key, and a row is updated only if the incoming ``_dblog_position`` is newer than the stored
-one, so a replayed or late event can never move a key back; a batch of dumped rows alone is
-bounded by its key range. A delete becomes a tombstone row
+one, so a replayed or late event can never move a key back; a dumped row equal to the live row
+Delta holds is not written again, so a re-dump changes only what differs; a batch of dumped
+rows alone is bounded by its key range. A delete becomes a tombstone row
 (``_dblog_deleted = true``, key columns kept, the rest null), which keeps the guard working for
 that key; tombstones older than ``tombstone_retention_hours`` are removed. Every MERGE carries
 Delta's idempotent-write transaction id (the stream, the leader's lease token and the batch's
@@ -322,7 +323,7 @@ class DeltaSink:
         merge = (
             target.alias("t")
             .merge(rows.alias("s"), on)
-            .whenMatchedUpdate(condition="s._dblog_position > t._dblog_position", set=update)
+            .whenMatchedUpdate(condition=self._changes_the_row(schema), set=update)
             .whenNotMatchedInsert(values=insert)
         )
         conf = self.spark.conf
@@ -347,6 +348,27 @@ class DeltaSink:
         finally:
             conf.unset(_TXN_APP)
             conf.unset(_TXN_VERSION)
+
+    @staticmethod
+    def _changes_the_row(schema: TableSchema) -> SparkColumn:
+        """When a matched key is updated: the incoming event is newer, and it is not a dumped
+        row equal to the live row Delta holds.
+
+        A dump re-reads rows the table mostly holds already; rewriting each one would hand
+        change-feed readers an update per row and a deletion vector per file for nothing. Both
+        sides are cast from the same JSON text to the same Spark types, so equal source values
+        compare equal; values a log and a SELECT spell differently (a float's digits, a JSON
+        document's spacing) compare unequal and are written, as before.
+        """
+        from pyspark.sql import functions as F
+
+        same = F.lit(True)
+        for c in schema.columns:
+            if c.name not in schema.key:
+                same = same & F.col(f"t.{quoted(c.name)}").eqNullSafe(F.col(f"s.{quoted(c.name)}"))
+        unchanged_dump = (F.col("s._dblog_op") == "r") & ~F.col("t._dblog_deleted") & same
+        newer = F.col("s._dblog_position") > F.col("t._dblog_position")
+        return newer & ~unchanged_dump
 
     def _append(self, app_id: str, version: int, rows: DataFrame, table: TableId) -> None:
         from delta.exceptions import ConcurrentTransactionException

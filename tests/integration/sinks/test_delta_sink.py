@@ -380,6 +380,40 @@ def test_a_batch_of_dumped_rows_bounded_by_its_key_range_keeps_the_guard(
     assert _version(sink) == version + 1 and len(state) == 6
 
 
+def test_a_dumped_row_equal_to_the_live_row_is_not_written_again(sink: DeltaSink) -> None:
+    """A re-dump writes to Delta only the rows that differ from what it holds: an equal row
+    (decimals, times, bytes and NULLs included) gets no update and no change-feed row, and keeps
+    its position; a different row, a tombstoned key and a missing key are written."""
+    _write(
+        sink,
+        1,
+        [
+            _event("c", 1, 1, 11),
+            _event("c", 2, 1, 12),
+            _event("c", 3, None, 13),
+            _event("c", 4, 1, 14),
+            _event("d", 4, 1, 15),
+        ],
+    )
+    dumped = [
+        _event("r", 1, 1, 30),  # equal: skipped
+        _event("r", 2, 5, 31),  # qty differs: updated
+        _event("r", 3, None, 32),  # equal, NULL included: skipped
+        _event("r", 4, 1, 33),  # Delta holds a tombstone: written
+        _event("r", 5, 1, 34),  # Delta lacks it: inserted
+    ]
+    _write(sink, 2, dumped, dump_bounds={str(TABLE): (1, 5)})
+    version = _version(sink)
+    written = {r["a"] for r in _feed(sink) if r["_commit_version"] == version}
+    assert written == {2, 4, 5}
+    state = _state(sink)
+    assert {a: state[a]["_dblog_position"] for a in (1, 3)} == {
+        1: str(Position.mysql(1, 11)),
+        3: str(Position.mysql(1, 13)),
+    }
+    assert (state[2]["qty"], state[4]["_dblog_deleted"], state[5]["qty"]) == (5, False, 1)
+
+
 def test_a_batch_of_dumped_rows_and_log_rows_commits_them_apart(sink: DeltaSink) -> None:
     """Dumped rows go in bounded by their range (an append where Delta holds none of it),
     then the log rows through their own MERGE; each part is idempotent on its own, so a crash
