@@ -12,7 +12,9 @@ after the closing point and before anything the log emits later: at the high wat
 position (``table``), or after the last log event emitted before the item that closed the
 window (read-only strategies). Row ``i`` of the chunk (in key order) becomes an ``op="r"``
 event at ``base.dumped_row(first_index + i)`` unless its key changed in the window
-(:func:`expand` is the rule the sinks apply, to the file's rows).
+(:func:`expand` is the rule the sinks apply, to the file's rows). Keys a key-list chunk asked
+for that the SELECT did not find, and that the log did not change in the window, become deletes
+right after the rows (:func:`removed`): a dump of keys the source lacks removes them downstream.
 
 Several chunks may be open at once, of one table or several. Watermark events and heartbeats are
 never emitted.
@@ -82,6 +84,8 @@ class DumpedRows:
     ``op="r"`` event at ``position.dumped_row(first_index + i)`` unless its key is in
     ``changed`` (those changed inside the window: the log carries a newer value). ``rows`` is
     whatever the caller gave :meth:`WatermarkMerge.rows_ready` (where the rows are).
+    ``deleted``: keys the chunk asked for that its SELECT did not find and the log did not change
+    inside the window; each becomes a delete after the rows (:func:`removed`).
     """
 
     chunk_id: int
@@ -93,6 +97,7 @@ class DumpedRows:
     changed: frozenset[Key]
     rows: Any
     ts_ms: int
+    deleted: tuple[Key, ...] = ()
 
     def row_position(self, index: int) -> Position:
         return self.position.dumped_row(self.first_index + index)
@@ -116,6 +121,27 @@ def expand(dumped: DumpedRows, rows: Rows) -> Iterator[ChangeEvent]:
         )
 
 
+def removed(dumped: DumpedRows, key_columns: Sequence[str]) -> Iterator[ChangeEvent]:
+    """The deletes a :class:`DumpedRows` stands for, placed after its rows.
+
+    A dump that names keys repairs as well as adds: a named key the source lacks is deleted
+    downstream at the chunk's place, unless the log changed it inside the window (the log's
+    word is newer). The delete's image holds the key columns only; it carries the dump's id
+    but no chunk id, so sinks treat it as any delete of the log (a chunk's rows are merged
+    within the chunk's key span, which these keys need not fall in).
+    """
+    for i, key in enumerate(dumped.deleted):
+        yield ChangeEvent(
+            table=dumped.table,
+            op="d",
+            key=key,
+            position=dumped.row_position(dumped.selected + i),
+            before=dict(zip(key_columns, key, strict=True)),
+            ts_ms=dumped.ts_ms,
+            dump_id=dumped.dump_id,
+        )
+
+
 Output = ChangeEvent | DumpedRows
 
 
@@ -130,6 +156,7 @@ class _Chunk:
     selected: int | None = None  # known once the SELECT is done
     rows: Any = None
     ts_ms: int | None = None
+    absent: tuple[Key, ...] = ()  # keys asked for that the SELECT did not find
 
 
 class WatermarkMerge:
@@ -206,11 +233,17 @@ class WatermarkMerge:
             )
 
     def rows_ready(
-        self, chunk_id: int, selected: int, rows: Any = None, ts_ms: int | None = None
+        self,
+        chunk_id: int,
+        selected: int,
+        rows: Any = None,
+        ts_ms: int | None = None,
+        absent: Sequence[Key] = (),
     ) -> None:
         """The chunk's SELECT is done: ``selected`` rows, kept wherever ``rows`` says.
 
         ``ts_ms``: when they were read (default: the last change's time when the window closes).
+        ``absent``: the keys a key-list chunk asked for that the SELECT did not find.
         Keys must compare equal to the log's event keys (same Python types): the sources see to
         that, and the sinks compare :func:`~airflow_dblog.core.keys.match_key` texts.
         """
@@ -220,6 +253,7 @@ class WatermarkMerge:
         if selected < 0:
             raise MergeError(f"chunk {chunk_id}: {selected} rows selected")
         chunk.selected, chunk.rows, chunk.ts_ms = selected, rows, ts_ms
+        chunk.absent = tuple(tuple(k) for k in absent)
 
     def cancel_chunk(self, chunk_id: int) -> bool:
         """Forget an open chunk without emitting it (its SELECT failed, its dump was cancelled)."""
@@ -318,10 +352,11 @@ class WatermarkMerge:
                 "call rows_ready before the log is fed past the chunk's window",
             )
         del self._open[chunk.chunk_id]
+        deleted = tuple(k for k in chunk.absent if k not in chunk.changed)
         same_base = self._dump_base is not None and self._dump_base.log_part() == base.log_part()
         first = self._dump_next if same_base else 0
-        if chunk.selected:
-            self._dump_base, self._dump_next = base, first + chunk.selected
+        if chunk.selected or deleted:
+            self._dump_base, self._dump_next = base, first + chunk.selected + len(deleted)
         return DumpedRows(
             chunk.chunk_id,
             chunk.dump_id,
@@ -332,6 +367,7 @@ class WatermarkMerge:
             frozenset(chunk.changed),
             chunk.rows,
             self._last_ts if chunk.ts_ms is None else chunk.ts_ms,
+            deleted,
         )
 
     def _get(self, chunk_id: int) -> _Chunk:

@@ -26,7 +26,7 @@ from typing import Any
 
 from airflow_dblog.config import Config, DumpSettings
 from airflow_dblog.core.events import ChangeEvent, LogItem
-from airflow_dblog.core.merge import HISTORY_LIMIT, DumpedRows, WatermarkMerge
+from airflow_dblog.core.merge import HISTORY_LIMIT, DumpedRows, WatermarkMerge, removed
 from airflow_dblog.engine.chunk_executor import ChunkExecutor
 from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef, ChunkRows
 from airflow_dblog.engine.chunk_runner import ChunkRunner, ThreadChunkRunner
@@ -147,7 +147,11 @@ class Capture:
         output: list[Published] = []
         for item in items:
             for out in self.merge.feed(item):
-                output.append(self._placed(out) if isinstance(out, DumpedRows) else out)
+                if isinstance(out, DumpedRows):
+                    output.append(self._placed(out))
+                    output.extend(removed(out, self.executor.key_columns(out.table)))
+                else:
+                    output.append(out)
         if output or items:
             self.batch_id += 1
             self._publish(output, items)
@@ -174,6 +178,7 @@ class Capture:
             drops,
             dumped.ts_ms,
             rows.key_span,
+            deleted=len(dumped.deleted),
         )
 
     def _publish(self, output: list[Published], items: list[LogItem]) -> None:

@@ -233,7 +233,8 @@ class ChunkExecutor:
         window = self.strategy.window(flight.opened, selected.info)
         if window is not None:
             self.merge.open_chunk(chunk.id, chunk.dump_id, task.table, window)
-        self.merge.rows_ready(chunk.id, selected.count, ChunkRows(task.folder, selected.key_span))
+        rows = ChunkRows(task.folder, selected.key_span)
+        self.merge.rows_ready(chunk.id, selected.count, rows, absent=selected.absent)
         self.strategy.finish(flight.opened)
         schema = self.source.describe(task.table)
         self._schemas[task.table] = schema
@@ -291,6 +292,10 @@ class ChunkExecutor:
             f" during dump {dump_id}; dumps cannot follow a key change: run a new dump of the"
             " table"
         )
+
+    def key_columns(self, table: TableId) -> tuple[str, ...]:
+        """The table's primary key columns, as described after its last chunk."""
+        return (self._schemas.get(table) or self.source.describe(table)).key
 
     def cancel_dump(self, dump_id: int) -> None:
         """Forget a dump's open windows; its SELECTs in flight are dropped when they end."""

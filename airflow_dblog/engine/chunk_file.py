@@ -64,7 +64,8 @@ class ChunkSelected:
     ``key_span``: the lowest and highest value of the first key column, when those compare in
     Python as in Spark (ints, strings), so Delta can bound its MERGE; ``info``: what the SELECT's
     snapshot saw, for its watermark strategy; ``error``: the one-line error that failed it;
-    ``pid``: the process that ran it (the log says where chunks were selected).
+    ``pid``: the process that ran it (the log says where chunks were selected); ``absent``: the
+    keys a key-list chunk asked for that the SELECT did not find (typed as asked).
     """
 
     count: int = 0
@@ -73,6 +74,7 @@ class ChunkSelected:
     info: Any = None
     error: tuple[str, str] | None = None  # the error's class name and its one line
     pid: int = 0
+    absent: tuple[Key, ...] = ()
 
 
 class ChunkRows(NamedTuple):
@@ -96,8 +98,11 @@ def span(bounds: list[Any] | None, value: Any) -> list[Any] | None:
     return [min(bounds[0], value), max(bounds[1], value)]
 
 
-def encode_rows(chunk_id: int, rows: Rows, info: Any = None) -> tuple[pa.Table, ChunkSelected]:
-    """The chunk file's table for rows in SELECT order, and what the driver is told of them."""
+def encode_rows(
+    chunk_id: int, rows: Rows, info: Any = None, asked: Sequence[Key] | None = None
+) -> tuple[pa.Table, ChunkSelected]:
+    """The chunk file's table for rows in SELECT order, and what the driver is told of them
+    (``asked``: a key-list chunk's keys, of which those not selected are reported absent)."""
     import pyarrow as pa
 
     keys: list[str] = []
@@ -123,7 +128,9 @@ def encode_rows(chunk_id: int, rows: Rows, info: Any = None) -> tuple[pa.Table, 
         schema=arrow_schema(),
     )
     last_key = None if last is None else to_json(last)
-    return table, ChunkSelected(n, last_key, first or None, info, pid=os.getpid())
+    found = set(mkeys)
+    absent = tuple(tuple(k) for k in asked or () if match_key(k) not in found)
+    return table, ChunkSelected(n, last_key, first or None, info, pid=os.getpid(), absent=absent)
 
 
 def parquet_bytes(table: pa.Table) -> bytes:
@@ -149,9 +156,11 @@ class ChunkRef:
     ts_ms: int
     key_span: list[Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    deleted: int = 0  # keys asked for and not found: deletes right after the chunk's rows
 
     @property
     def emitted(self) -> int:
+        """The chunk's rows in the output (its deletes are events of their own in the spool)."""
         return self.selected - len(self.drops)
 
     def record(self) -> str:
@@ -178,7 +187,7 @@ class ChunkRef:
             "chunk_id": self.chunk_id,
             "selected": self.selected,
             "dropped": len(self.drops),
-            "emitted": self.emitted,
+            "emitted": self.emitted + self.deleted,
         }
 
     def texts(self, files: ChunkFiles) -> Iterator[EventText]:

@@ -79,7 +79,7 @@ def run_task(task: ChunkTask) -> tuple[pa.Table, ChunkSelected]:
     except DblogError as err:
         failed = ChunkSelected(error=(type(err).__name__, str(err)))
         return encode_rows(task.chunk_id, [])[0], failed
-    return encode_rows(task.chunk_id, rows, info)
+    return encode_rows(task.chunk_id, rows, info, task.keys)
 
 
 _ERRORS: dict[str, type[DblogError]] = {

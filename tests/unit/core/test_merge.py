@@ -13,6 +13,7 @@ from airflow_dblog.core.merge import (
     Seen,
     WatermarkMerge,
     expand,
+    removed,
 )
 from airflow_dblog.core.position import Position
 from airflow_dblog.core.window import (
@@ -693,6 +694,27 @@ def test_expand_skips_changed_keys_and_keeps_every_row_index():
     ]
     assert all((e.table, e.ts_ms, e.dump_id, e.chunk_id) == (T, 99, 2, 4) for e in out)
     assert d.row_position(2) == out[-1].position
+
+
+def test_keys_asked_for_and_not_found_are_deleted_after_the_rows_unless_the_log_changed_them():
+    m = WatermarkMerge()
+    m.open_chunk(1, 7, T, TableWindow("L", "H"))
+    m.feed(wm("L", 1))
+    m.feed(ev(4, 2, op="c"))  # inserted inside the window: the log's word stands
+    m.rows_ready(1, 1, "file", absent=[(3,), (4,), (5,)])
+    [d] = m.feed(wm("H", 3))
+    assert isinstance(d, DumpedRows) and d.deleted == ((3,), (5,))
+    out = list(removed(d, ["id"]))
+    assert [(e.op, e.key, e.position, e.before) for e in out] == [
+        ("d", (3,), pos(3).dumped_row(1), {"id": 3}),
+        ("d", (5,), pos(3).dumped_row(2), {"id": 5}),
+    ]
+    assert all((e.dump_id, e.chunk_id, e.after) == (7, None, None) for e in out)
+    # the next chunk closing at the same place goes after those deletes
+    m.open_chunk(2, 7, T, PositionWindow(pos(3), pos(3)))
+    m.rows_ready(2, 2, "file 2")
+    [d2] = m.feed(Heartbeat(pos(4)))
+    assert isinstance(d2, DumpedRows) and d2.first_index == 3
 
 
 # ------------------------------------------------------------------- protocol and bookkeeping

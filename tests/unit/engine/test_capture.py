@@ -209,3 +209,27 @@ def test_the_source_is_acknowledged_only_with_committed_offsets(
     assert fake_db.acknowledged == [{"next": 1}, {"next": 2}]
     capture.close()
     assert capture.reader.closed  # type: ignore[attr-defined]
+
+
+def test_a_dump_of_keys_the_source_lacks_deletes_them_after_the_rows_it_found(
+    fake_db: FakeDatabase, items: TableId, meta: MetadataStore, tmp_path: Path
+) -> None:
+    config = fake_config(fake_db, [items], tmp_path)
+    sink = MemorySink()
+    capture = _open(config, meta, fake_db, sink)
+    fake_db.insert(items, {"id": 1, "v": "a"}, {"id": 3, "v": "c"})
+    _drain(capture, fake_db)
+    del fake_db.tables[items].rows[(3,)]  # a delete the log never carried (no writer runs)
+    dump_id = plan_dump(config, meta, [str(items)], keys=[1, 3, 4])
+    _run_until(capture, lambda: meta.progress(dump_id).state == "done")
+    capture.close()
+    high = [i for i in fake_db.log if isinstance(i, WatermarkEvent)][-1]
+    dumped = [e for e in sink.received if e.dump_id == dump_id]
+    assert [(e.op, e.key, e.position) for e in dumped] == [
+        ("r", (1,), high.position.dumped_row(0)),
+        ("d", (3,), high.position.dumped_row(1)),
+        ("d", (4,), high.position.dumped_row(2)),
+    ]
+    assert [e.before for e in dumped[1:]] == [{"id": 3}, {"id": 4}]
+    assert sink.rows(items) == fake_db.rows(items) == {(1,): {"id": 1, "v": "a"}}
+    assert meta.progress(dump_id).rows_emitted == 3

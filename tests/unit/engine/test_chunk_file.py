@@ -103,6 +103,14 @@ def test_encode_rows_of_no_rows_is_an_empty_file_and_nothing_to_tell() -> None:
     assert (selected.count, selected.last_key, selected.key_span) == (0, None, None)
 
 
+def test_keys_asked_for_and_not_selected_are_reported_absent_whatever_their_spelling() -> None:
+    rows = [((decimal.Decimal("1.50"),), {"k": decimal.Decimal("1.50")})]
+    asked = [(decimal.Decimal("1.5"),), (decimal.Decimal("2"),)]
+    _, selected = encode_rows(3, rows, asked=asked)
+    assert selected.absent == ((decimal.Decimal("2"),),)
+    assert encode_rows(3, rows)[1].absent == ()  # a range chunk asks for no keys
+
+
 def test_the_last_key_is_json_as_the_metadata_store_keeps_keys() -> None:
     last = (dt.date(2024, 1, 2), b"\x01", decimal.Decimal("1.50"), uuid.UUID(int=2))
     _, selected = encode_rows(1, [(last, {"x": 1})])
@@ -322,11 +330,16 @@ def test_a_reference_is_one_spool_record_and_back() -> None:
         "drops": [0, 3],
         "ts_ms": 1700,
         "key_span": [1, 9],
+        "deleted": 0,
     }
+    older = {k: v for k, v in json.loads(record).items() if k != "deleted"}  # a record written before deletes were counted
+    assert ChunkRef.from_record(older) == ref
     plain = ChunkRef("db.t", 6, 2, "", str(BASE), 0, 0, (), 1700)
     assert ChunkRef.from_record(json.loads(plain.record())) == plain and plain.key_span is None
     assert (ref.emitted, plain.emitted) == (2, 0)
     assert ref.closed_record() == {"chunk_id": 5, "selected": 4, "dropped": 2, "emitted": 2}
+    deleting = dataclasses.replace(ref, deleted=3)  # its deletes count as emitted
+    assert deleting.closed_record()["emitted"] == 5 and deleting.emitted == 2
     # in a segment: a row of kind "chunk" whose record is this, in its place among the events
     event = EventText(
         "db.t", "c", "[1]", str(BASE), "null", '{"id":1}', "0", "null", "null", "[]", "{}"
