@@ -332,7 +332,8 @@ def test_a_reference_is_one_spool_record_and_back() -> None:
         "key_span": [1, 9],
         "deleted": 0,
     }
-    older = {k: v for k, v in json.loads(record).items() if k != "deleted"}  # a record written before deletes were counted
+    # a record written before chunks counted their deletes reads as none
+    older = {k: v for k, v in json.loads(record).items() if k != "deleted"}
     assert ChunkRef.from_record(older) == ref
     plain = ChunkRef("db.t", 6, 2, "", str(BASE), 0, 0, (), 1700)
     assert ChunkRef.from_record(json.loads(plain.record())) == plain and plain.key_span is None
