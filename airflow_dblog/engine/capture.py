@@ -149,7 +149,8 @@ class Capture:
             for out in self.merge.feed(item):
                 if isinstance(out, DumpedRows):
                     output.append(self._placed(out))
-                    output.extend(removed(out, self.executor.key_columns(out.table)))
+                    if out.deleted:
+                        output.extend(removed(out, self.executor.key_columns(out.table)))
                 else:
                     output.append(out)
         if output or items:

@@ -128,8 +128,10 @@ def encode_rows(
         schema=arrow_schema(),
     )
     last_key = None if last is None else to_json(last)
-    found = set(mkeys)
-    absent = tuple(tuple(k) for k in asked or () if match_key(k) not in found)
+    absent: tuple[Key, ...] = ()
+    if asked is not None:  # a key-list chunk: a range chunk asks for no keys
+        found = set(mkeys)
+        absent = tuple(tuple(k) for k in asked if match_key(k) not in found)
     return table, ChunkSelected(n, last_key, first or None, info, pid=os.getpid(), absent=absent)
 
 
