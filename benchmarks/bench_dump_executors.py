@@ -8,7 +8,7 @@ dumped by ``dblog stream`` with Delta as its only sink, once per (master, parall
 - the standalone cluster (``DBLOG_SPARK_MASTER``, two one-core workers in their own mount
   namespaces): checkpoint and Delta on a folder both sides see (``--cluster-store shared``,
   outside what the workers hide, as a cluster's HDFS or NFS would be), or on the S3 object
-  store (``--cluster-store s3``: moto, whose commits dominate on this machine).
+  store (``--cluster-store s3``: the local S3 server of ``scripts/services.sh``).
 
 Each figure is the dump's emitted rows over the time from ``dblog dump`` to its state done
 (every chunk in Delta), next to a plain keyset SELECT of the same table with the same client

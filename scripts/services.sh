@@ -9,6 +9,7 @@
 #   scripts/services.sh spark-jars         cache Spark's Delta, Kafka and S3A connector jars (also run by up)
 #   scripts/services.sh class-archive      build the JVM class archive local Spark sessions map (also run by up)
 #   scripts/services.sh kafka-jars         cache the Kafka broker jars (also run by up)
+#   scripts/services.sh s3-server          build the object store's S3 server (also run by up)
 #   scripts/services.sh deps [PKG...]      apt-get install what is missing (also run by up)
 #   scripts/services.sh clean              down, then delete all service state (not the jar cache)
 #
@@ -30,9 +31,11 @@
 # settings and credentials the driver's session sends.
 # Needs root (or unprivileged user namespaces) for unshare(1).
 #
-# object-store: moto's S3 server (the `moto[server]` package in the Python environment, kept in
-# memory) on http://127.0.0.1:9000 with a bucket `dblog`; any key id/secret is accepted, `env`
-# exports AWS_ACCESS_KEY_ID=dblog, AWS_SECRET_ACCESS_KEY=dblogdblog, AWS_REGION=us-east-1.
+# object-store: the Versity S3 Gateway (versitygw, a production S3 server; posix backend, objects
+# as files under the state dir), built once per machine from the Go module proxy into the cache,
+# on http://127.0.0.1:9000 with a bucket `dblog`, credentials dblog/dblogdblog (`env` exports
+# AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION=us-east-1); requests are signed and
+# checked as on S3.
 #
 # Environment (defaults in brackets):
 #   DBLOG_SERVICES_DIR   state: data dirs, logs, pid files   [<repo>/.dblog-services]
@@ -42,7 +45,7 @@
 #   DBLOG_S3_PORT [9000]  DBLOG_SPARK_PORT [7077]  DBLOG_SPARK_UI_PORT [8090, the master's web UI]
 #   DBLOG_SPARK_WORKER_PORT [7078: worker 1; worker 2 gets the next port]
 #   DBLOG_SPARK_WORKER_MEMORY [2g]  DBLOG_SPARK_WORKER_CORES [1]
-#   DBLOG_PYTHON         the Python environment the workers' executors and moto run from
+#   DBLOG_PYTHON         the Python environment the workers' executors run from
 #                        [<repo>/.venv/bin/python]
 #   DBLOG_SPARK_HIDE     more directories to hide from the workers, colon-separated
 #   DBLOG_DELTA_VERSION  io.delta:delta-spark_4.2_2.13 version [4.4.0, matching the Python package]
@@ -79,11 +82,16 @@ PYTHON_BIN=${DBLOG_PYTHON:-$REPO_ROOT/.venv/bin/python}
 HADOOP_VERSION=3.5.0 # pyspark 4.2.0's hadoop-client-api/runtime
 AWS_SDK_VERSION=2.35.4 # what hadoop-aws 3.5.0 is built against
 S3_BUCKET=dblog
+S3_ACCESS_KEY=dblog
+S3_SECRET_KEY=dblogdblog
+S3_REGION=us-east-1
+VERSITYGW_VERSION=v1.8.0
 PYSPARK_ALSO_SHIPS=httpclient,httpcore,commons-logging # beyond spark-sql's closure; see cmd_spark_jars
 ALL_SERVICES=(mariadb postgres zookeeper kafka object-store spark-master spark-worker-1 spark-worker-2)
 
 KAFKA_LIBS=$CACHE/kafka-$KAFKA_VERSION/libs
 SPARK_JARS=$CACHE/spark-jars-$SPARK_VERSION
+S3_SERVER=$CACHE/versitygw-$VERSITYGW_VERSION/versitygw
 
 log() { printf '[services] %s\n' "$*" >&2; }
 die() {
@@ -243,6 +251,13 @@ find_java() {
     fi
 }
 
+python_env_bin() {
+    [ -x "$PYTHON_BIN" ] || die "$PYTHON_BIN not found: the Spark workers run" \
+        "from the project's Python environment; create it (scripts/test.sh does, or" \
+        "python3 -m venv .venv && .venv/bin/pip install -e '.[test]') or set DBLOG_PYTHON"
+    echo "$PYTHON_BIN"
+}
+
 with_lock() {
     # Serialise concurrent `up`/`down` (e.g. two pytest sessions starting at once).
     mkdir -p "$DIR"
@@ -265,6 +280,7 @@ missing_packages() {
     command -v mvn >/dev/null 2>&1 || pkgs+=(maven)
     command -v setpriv >/dev/null 2>&1 && command -v flock >/dev/null 2>&1 || pkgs+=(util-linux)
     command -v ss >/dev/null 2>&1 || pkgs+=(iproute2)
+    command -v curl >/dev/null 2>&1 || pkgs+=(curl)
     echo "${pkgs[@]}"
 }
 
@@ -796,44 +812,59 @@ cmd_class_archive() {
 }
 
 # ---------------------------------------------------------------------------------------------
-# Object store (moto's S3 server from the Python environment, in memory)
+# Object store (versitygw: an S3 server over a directory, built from the Go module proxy)
 
-python_env_bin() {
-    [ -x "$PYTHON_BIN" ] || die "$PYTHON_BIN not found: the object store and the Spark workers run" \
-        "from the project's Python environment; create it (scripts/test.sh does, or" \
-        "python3 -m venv .venv && .venv/bin/pip install -e '.[test]') or set DBLOG_PYTHON"
-    echo "$PYTHON_BIN"
+# s3 METHOD PATH [curl args...]: a request signed with the store's credentials (SigV4).
+s3() {
+    local method=$1 path=$2
+    shift 2
+    curl -sS --fail --max-time 10 -X "$method" --aws-sigv4 "aws:amz:$S3_REGION:s3" \
+        --user "$S3_ACCESS_KEY:$S3_SECRET_KEY" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD" \
+        "$@" "http://$HOST:$S3_PORT/$path"
 }
 
-s3_ready() { "$PYTHON_BIN" -c "
-import sys, urllib.request
-urllib.request.urlopen('http://$HOST:$S3_PORT/$S3_BUCKET', timeout=3)" 2>/dev/null; }
+s3_ready() { s3 HEAD "$S3_BUCKET" -I -o /dev/null; }
+
+# The S3 server binary, built once per machine (Go's own module cache makes a rebuild cheap).
+cmd_s3_server() {
+    [ -x "$S3_SERVER" ] && return 0
+    command -v go >/dev/null 2>&1 \
+        || die "the object store is built with Go, which is not installed; install Go (go.dev/doc/install)"
+    mkdir -p "$CACHE" "$DIR/logs"
+    exec 8>"$CACHE/.versitygw.lock"
+    flock -w 900 8 || die "timed out waiting for another build of the S3 server"
+    if [ ! -x "$S3_SERVER" ]; then
+        local out blog
+        out=$(dirname "$S3_SERVER")
+        blog="$DIR/logs/build-versitygw.log"
+        log "building the S3 server (versitygw $VERSITYGW_VERSION from the Go module proxy; once per machine, ~1 min)"
+        rm -rf "$out.tmp"
+        if ! GOBIN="$out.tmp" go install "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION" \
+            >"$blog" 2>&1; then
+            tail -n 20 "$blog" >&2
+            die "could not build versitygw (is the Go module proxy reachable?); see $blog"
+        fi
+        rm -rf "$out" && mv "$out.tmp" "$out"
+    fi
+    exec 8>&-
+}
 
 start_object-store() {
-    python_env_bin >/dev/null
     if [ -n "$(service_pid object-store)" ]; then
         wait_for object-store 60 port_open "$S3_PORT"
         log "object-store already running on http://$HOST:$S3_PORT"
         return 0
     fi
     check_port_free object-store "$S3_PORT" DBLOG_S3_PORT
-    local py
-    py=$(python_env_bin)
-    "$py" -c 'import moto.server, flask' 2>/dev/null \
-        || die "moto's S3 server is not installed in $py's environment; run: $py -m pip install 'moto[server]'" \
-            "(it is in the [test] extra)"
-    mkdir -p "$DIR/object-store"
-    log "starting object-store (moto S3) on http://$HOST:$S3_PORT"
-    # The state dir in argv is the marker service_pid looks for.
-    (cd "$DIR/object-store" && spawn object-store "$py" -c \
-        'import sys; from moto.server import main; main(sys.argv[2:])' "$DIR/object-store" \
-        -H "$HOST" -p "$S3_PORT")
+    cmd_s3_server
+    mkdir -p "$DIR/object-store/data"
+    log "starting object-store (versitygw S3) on http://$HOST:$S3_PORT"
+    # The data dir in argv is the marker service_pid looks for; the keys stay out of argv.
+    (cd "$DIR/object-store" && ROOT_ACCESS_KEY_ID=$S3_ACCESS_KEY ROOT_SECRET_ACCESS_KEY=$S3_SECRET_KEY \
+        spawn object-store "$S3_SERVER" --quiet --region "$S3_REGION" --port "$HOST:$S3_PORT" \
+        posix "$DIR/object-store/data")
     wait_for object-store 60 port_open "$S3_PORT"
-    # moto accepts any credentials; a plain PUT creates the bucket (idempotent: 200 if it exists)
-    "$py" - "http://$HOST:$S3_PORT/$S3_BUCKET" <<'PY' || die "could not create bucket $S3_BUCKET"
-import sys, urllib.request
-urllib.request.urlopen(urllib.request.Request(sys.argv[1], method="PUT"), timeout=10).read()
-PY
+    s3_ready || s3 PUT "$S3_BUCKET" -o /dev/null || die "could not create bucket $S3_BUCKET"
     wait_for object-store 30 s3_ready
     log "object-store ready on http://$HOST:$S3_PORT (bucket $S3_BUCKET)"
 }
@@ -1096,9 +1127,9 @@ export DBLOG_SPARK_WORKER_PORT=$SPARK_WORKER_PORT
 export DBLOG_PYTHON=$PYTHON_BIN
 export DBLOG_SPARK_MASTER=$(spark_master_url)
 export DBLOG_S3_ENDPOINT=http://$HOST:$S3_PORT
-export AWS_ACCESS_KEY_ID=dblog
-export AWS_SECRET_ACCESS_KEY=dblogdblog
-export AWS_REGION=us-east-1
+export AWS_ACCESS_KEY_ID=$S3_ACCESS_KEY
+export AWS_SECRET_ACCESS_KEY=$S3_SECRET_KEY
+export AWS_REGION=$S3_REGION
 EOF
 }
 
@@ -1127,6 +1158,7 @@ main() {
         class-archive) cmd_class_archive ;;
         _spark-worker-ns) spark_worker_ns "$1" ;; # internal: see start_spark_worker
         kafka-jars) cmd_kafka_jars ;;
+        s3-server) cmd_s3_server ;;
         deps) cmd_deps "$@" ;;
         clean) cmd_clean ;;
         -h | --help | help) usage ;;

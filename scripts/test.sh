@@ -14,8 +14,9 @@
 #    Maven, python3-venv) -- only when something is missing.
 # 2. .venv in the repo (python3, or $PYTHON) with `pip install -e '.[test]'`; re-run only when
 #    pyproject.toml changed (DBLOG_PIP_INSTALL=1 forces it).
-# 3. scripts/services.sh up (MariaDB, PostgreSQL, ZooKeeper, Kafka, the S3 object store, the Spark
-#    standalone cluster, Spark connector jars).
+# 3. scripts/services.sh up (MariaDB, PostgreSQL, ZooKeeper, Kafka, the S3 object store -- built
+#    from the Go module proxy in the background from the start --, the Spark standalone cluster,
+#    Spark connector jars).
 # 4. ruff check ., lint-imports (the package's layers, pyproject.toml's [tool.importlinter]) and
 #    pytest [the tier's folder] "$@". Exit status: pytest's (5 = no tests collected counts as a
 #    failure), else ruff's, else lint-imports'.
@@ -53,6 +54,15 @@ tier_paths=()
 [ -z "$tier" ] || tier_paths=("tests/$tier")
 
 PYTHON=${PYTHON:-python3}
+
+# The object store's S3 server is built from the Go module proxy once per machine (a minute of
+# downloads and compiling): in the background, while apt-get and pip run.
+s3_build=
+if [ "$tier" != unit ]; then
+    s3_log=$(mktemp)
+    scripts/services.sh s3-server >"$s3_log" 2>&1 &
+    s3_build=$!
+fi
 
 # --- 1. system packages ----------------------------------------------------------------------
 if [ "$tier" = unit ]; then
@@ -104,6 +114,10 @@ export VIRTUAL_ENV=$VENV
 
 # --- 3. services -----------------------------------------------------------------------------
 if [ "$tier" != unit ]; then
+    wait "$s3_build" || {
+        cat "$s3_log" >&2
+        exit 1
+    }
     say "starting local services"
     scripts/services.sh up
     eval "$(scripts/services.sh env)"

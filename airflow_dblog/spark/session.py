@@ -56,7 +56,7 @@ def s3a_conf(paths: Iterable[str | None] = (), conf: Mapping[str, Any] | None = 
 
     Applied when one of ``paths`` is ``s3a://`` or an endpoint is given. The endpoint is
     ``conf``'s ``spark.hadoop.fs.s3a.endpoint`` or ``DBLOG_S3_ENDPOINT`` (none: AWS itself);
-    a custom endpoint gets path-style access (MinIO, moto, Ceph) and, for ``http://``, no TLS.
+    a custom endpoint gets path-style access (MinIO, versitygw, Ceph) and, for ``http://``, no TLS.
     The region is ``AWS_REGION`` (or ``AWS_DEFAULT_REGION``; ``us-east-1`` for a custom
     endpoint). Credentials are not set here: Hadoop's default provider chain reads
     ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (Spark also copies those from the driver's

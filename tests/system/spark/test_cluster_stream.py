@@ -172,8 +172,8 @@ def _assert_selected_on_executors(log: str, driver: int) -> None:
             assert any("CoarseGrainedExecutorBackend" in " ".join(p.cmdline()) for p in chain)
 
 
-# Each case takes 2-5 min on this 2-core machine (a Delta commit on moto's S3 takes 6-40 s); CI
-# runs the kill -9 cases, which also converge with writers running.
+# Each case takes 1-3 min on this 2-core machine; CI runs the kill -9 cases, which also converge
+# with writers running.
 ALL_CASES = os.environ.get("DBLOG_CLUSTER_E2E", "").strip().lower() == "all"
 STRAIGHT = pytest.param(
     False,
