@@ -823,7 +823,7 @@ s3() {
         "$@" "http://$HOST:$S3_PORT/$path"
 }
 
-s3_ready() { s3 HEAD "$S3_BUCKET" -I -o /dev/null; }
+s3_ready() { s3 HEAD "$S3_BUCKET" -I -o /dev/null 2>/dev/null; }
 
 # The S3 server binary, built once per machine (Go's own module cache makes a rebuild cheap).
 cmd_s3_server() {
