@@ -12,10 +12,10 @@
 #
 # 1. apt-get installs what is missing (MariaDB, PostgreSQL 15 + wal2json, ZooKeeper, a JRE,
 #    Maven, python3-venv) -- only when something is missing.
-# 2. .venv in the repo (python3, or $PYTHON) with `pip install -e '.[test]'`; re-run only when
-#    pyproject.toml changed (DBLOG_PIP_INSTALL=1 forces it).
+# 2. .venv in the repo (python3, or $PYTHON) with `uv pip install -e '.[test]'` (uv from PyPI);
+#    re-run only when pyproject.toml changed (DBLOG_PIP_INSTALL=1 forces it).
 # 3. scripts/services.sh up (MariaDB, PostgreSQL, ZooKeeper, Kafka, the S3 object store -- built
-#    from the Go module proxy in the background from the start --, the Spark standalone cluster,
+#    from the Go module proxy, in the background from the start --, the Spark standalone cluster,
 #    Spark connector jars).
 # 4. ruff check ., lint-imports (the package's layers, pyproject.toml's [tool.importlinter]) and
 #    pytest [the tier's folder] "$@". Exit status: pytest's (5 = no tests collected counts as a
@@ -56,12 +56,11 @@ tier_paths=()
 PYTHON=${PYTHON:-python3}
 
 # The object store's S3 server is built from the Go module proxy once per machine (a minute of
-# downloads and compiling): in the background, while apt-get and pip run.
-s3_build=
+# downloads and compiling): in the background from here, at low priority, while apt-get, the
+# Python environment and the other services start; the object store waits for it (a failed build
+# is tried again there, in the foreground, and reported).
 if [ "$tier" != unit ]; then
-    s3_log=$(mktemp)
-    scripts/services.sh s3-server >"$s3_log" 2>&1 &
-    s3_build=$!
+    nice -n 10 scripts/services.sh s3-server >/dev/null 2>&1 &
 fi
 
 # --- 1. system packages ----------------------------------------------------------------------
@@ -102,9 +101,10 @@ stamp=$VENV/.airflow-dblog-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "${DBLOG_PIP_INSTALL:-0}" = 1 ] || [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] \
     || ! "$VENV/bin/python" -c 'import airflow_dblog' 2>/dev/null; then
-    say "pip install -e '.[test]' into $VENV"
-    "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -e '.[test]'
+    # uv: the install pip would make, with parallel downloads
+    say "uv pip install -e '.[test]' into $VENV"
+    "$VENV/bin/python" -m pip install -q uv
+    "$VENV/bin/uv" pip install --python "$VENV/bin/python" -e '.[test]'
     echo "$want" >"$stamp"
 else
     say "$VENV is up to date with pyproject.toml (DBLOG_PIP_INSTALL=1 reinstalls)"
@@ -114,10 +114,6 @@ export VIRTUAL_ENV=$VENV
 
 # --- 3. services -----------------------------------------------------------------------------
 if [ "$tier" != unit ]; then
-    wait "$s3_build" || {
-        cat "$s3_log" >&2
-        exit 1
-    }
     say "starting local services"
     scripts/services.sh up
     eval "$(scripts/services.sh env)"
