@@ -829,7 +829,7 @@ s3_ready() { s3 HEAD "$S3_BUCKET" -I -o /dev/null 2>/dev/null; }
 cmd_s3_server() {
     [ -x "$S3_SERVER" ] && return 0
     command -v go >/dev/null 2>&1 \
-        || die "the object store is built with Go, which is not installed; install Go (go.dev/doc/install)"
+        || die "the object store is built with Go 1.25+, which is not installed; install it (go.dev/doc/install)"
     mkdir -p "$CACHE" "$DIR/logs"
     exec 8>"$CACHE/.versitygw.lock"
     flock -w 900 8 || die "timed out waiting for another build of the S3 server"
