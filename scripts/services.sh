@@ -87,7 +87,8 @@ S3_SECRET_KEY=dblogdblog
 S3_REGION=us-east-1
 VERSITYGW_VERSION=v1.8.0
 PYSPARK_ALSO_SHIPS=httpclient,httpcore,commons-logging # beyond spark-sql's closure; see cmd_spark_jars
-ALL_SERVICES=(mariadb postgres zookeeper kafka object-store spark-master spark-worker-1 spark-worker-2)
+# the object store last: on a new machine it waits for its server's build (test.sh starts it first)
+ALL_SERVICES=(mariadb postgres zookeeper kafka spark-master spark-worker-1 spark-worker-2 object-store)
 
 KAFKA_LIBS=$CACHE/kafka-$KAFKA_VERSION/libs
 SPARK_JARS=$CACHE/spark-jars-$SPARK_VERSION
@@ -1077,7 +1078,7 @@ cmd_down() {
     }
     with_lock
     local s
-    # reverse order: the spark workers, spark-master, object-store, kafka, zookeeper, ...
+    # reverse order: the object store, the spark workers, spark-master, kafka, zookeeper, ...
     for s in $(echo "$services" | tr ' ' '\n' | tac); do
         case $s in
             postgres) stop_pid postgres INT 30 QUIT 15 ;; # INT = fast shutdown (TERM waits for clients)

@@ -56,11 +56,11 @@ tier_paths=()
 PYTHON=${PYTHON:-python3}
 
 # The object store's S3 server is built from the Go module proxy once per machine (a minute of
-# downloads and compiling): in the background from here, at low priority, while apt-get, the
-# Python environment and the other services start; the object store waits for it (a failed build
-# is tried again there, in the foreground, and reported).
+# downloads and compiling): in the background from here, while apt-get, the Python environment
+# and the other services start; the object store, started last, waits for it (a failed build is
+# tried again there, in the foreground, and reported).
 if [ "$tier" != unit ]; then
-    nice -n 10 scripts/services.sh s3-server >/dev/null 2>&1 &
+    scripts/services.sh s3-server >/dev/null 2>&1 &
 fi
 
 # --- 1. system packages ----------------------------------------------------------------------
