@@ -491,6 +491,27 @@ class LoadSampler(threading.Thread):
             if self.stop.wait(5):
                 return
 
+    def summary(self) -> dict[str, float]:
+        samples = self.samples
+        return {
+            "first": samples[0],
+            "max": max(samples),
+            "mean": round(sum(samples) / len(samples), 2),
+        }
+
+
+def create_source(conn: Any, db: str, rows: int) -> None:
+    """Database ``db`` with ``rows`` rows in table ``bench``, a ``probe`` table for startup
+    probes and Debezium's signal table."""
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE `{db}`")
+        cur.execute(f"CREATE TABLE `{db}`.probe (id INT AUTO_INCREMENT PRIMARY KEY)")
+        cur.execute(
+            f"CREATE TABLE `{db}`.debezium_signal (id VARCHAR(42) PRIMARY KEY,"
+            " type VARCHAR(32) NOT NULL, data VARCHAR(2048))"
+        )
+    write_rows(conn, db, rows, 5000)
+
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -549,14 +570,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "dblog_settle_s": args.dblog_settle_s,
     }
     try:
-        with conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE `{db}`")
-            cur.execute(f"CREATE TABLE `{db}`.probe (id INT AUTO_INCREMENT PRIMARY KEY)")
-            cur.execute(
-                f"CREATE TABLE `{db}`.debezium_signal (id VARCHAR(42) PRIMARY KEY,"
-                " type VARCHAR(32) NOT NULL, data VARCHAR(2048))"
-            )
-        write_rows(conn, db, args.rows, 5000)  # table `bench`
+        create_source(conn, db, args.rows)
         select = {
             size: plain_select_rows_per_s(url, db, "bench", size)
             for size in sorted(set(dbz_sizes + dblog_sizes))
@@ -610,12 +624,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for log in work.rglob("*.log"):
                 shutil.copy(log, Path(args.keep_logs) / log.name)
         shutil.rmtree(work, ignore_errors=True)
-    samples = load.samples
-    result["load_avg_1m"] = {
-        "first": samples[0],
-        "max": max(samples),
-        "mean": round(sum(samples) / len(samples), 2),
-    }
+    result["load_avg_1m"] = load.summary()
     print(json.dumps(result))
     return result
 

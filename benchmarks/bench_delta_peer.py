@@ -70,13 +70,13 @@ from typing import Any
 from urllib.parse import unquote
 
 import pymysql
-from bench_binlog_reader import write_rows
 from bench_debezium import (
     KAFKA,
     PORT,
     LoadSampler,
     TopicWatch,
     cache_dir,
+    create_source,
     create_topics,
     debezium_properties,
     debezium_server,
@@ -819,14 +819,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     }
     bench: Bench | None = None
     try:
-        with conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE `{db}`")
-            cur.execute(f"CREATE TABLE `{db}`.probe (id INT AUTO_INCREMENT PRIMARY KEY)")
-            cur.execute(
-                f"CREATE TABLE `{db}`.debezium_signal (id VARCHAR(42) PRIMARY KEY,"
-                " type VARCHAR(32) NOT NULL, data VARCHAR(2048))"
-            )
-        write_rows(conn, db, args.rows, 5000)  # table `bench`
+        create_source(conn, db, args.rows)
         columns, key = table_columns(conn, db)
         bench = Bench(url, conn, db, args.rows, args.chunk_size, work, args.timeout, columns, key)
         bench.java, bench.debezium_home = java, home
@@ -851,12 +844,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             for log in work.rglob("*.log"):
                 shutil.copy(log, Path(args.keep_logs) / f"{log.parent.name}-{log.name}")
         shutil.rmtree(work, ignore_errors=True)
-    samples = sampler.samples
-    result["load_avg_1m"] = {
-        "first": samples[0],
-        "max": max(samples),
-        "mean": round(sum(samples) / len(samples), 2),
-    }
+    result["load_avg_1m"] = sampler.summary()
     print(json.dumps(result))
     return result
 
