@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,8 +24,11 @@ HA_SESSION_S = 4
 # The streams' Spark JVMs (driver, executors) compile with C1 only: each lives a minute or two,
 # and on a 2-core machine C2's compiler threads take the CPU its first batches need (measured:
 # a stream's first Delta batch 40 -> 19 s). The code run is the same; only how the JVM
-# compiles it differs. (The tests' own session lives all run long: it keeps C2.)
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+# compiles it differs. (The tests' own session lives all run long: it keeps C2.) C1 alone
+# shrinks the code cache to 48 MB, which Spark and Delta fill: the compiler then stops and,
+# when a method handle needs the cache, the JVM dies; so the cache keeps its tiered size.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+_ERROR_LINE = re.compile(r"ERROR|Exception|Error:|Caused by")
 
 
 def write_config(
@@ -247,5 +251,13 @@ class Stream:
     def check_alive(self) -> None:
         assert self.proc is not None
         if self.proc.poll() is not None:
-            tail = self.log.read_text(errors="replace")[-3000:]
-            pytest.fail(f"the stream exited with {self.proc.returncode}:\n{tail}")
+            with open(self.log, "rb") as log:
+                log.seek(self.run_starts_at)
+                run = log.read().decode(errors="replace")
+            # the first errors say why; the tail is mostly the shutdown they caused
+            first = [line for line in run.splitlines() if _ERROR_LINE.search(line)][:15]
+            pytest.fail(
+                f"the stream exited with {self.proc.returncode}; its first errors:\n"
+                + "\n".join(first)
+                + f"\n...\n{run[-3000:]}"
+            )
