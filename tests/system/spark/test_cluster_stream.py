@@ -54,9 +54,11 @@ if MISSING := cluster_missing():
     )
 
 COLUMNS = ("a", "b", "v", "note")
-WRITER_PAUSE_S = 0.1  # ~30 transactions/s: two one-core executors and the driver share 2 cores
-ROWS = 3000  # the seed rows the dump reads
-KEY_SPACE = 24_000  # most updates and deletes miss: the log rate its S3 batches were sized for
+# CI's size; DBLOG_CLUSTER_ROWS=30000 DBLOG_CLUSTER_WRITER_PAUSE_S=0.004 is issue 32's heavier
+# case (three writers at full speed), timed by the dump's line in the output
+WRITER_PAUSE_S = float(os.environ.get("DBLOG_CLUSTER_WRITER_PAUSE_S", "0.1"))  # ~30 writes/s
+ROWS = int(os.environ.get("DBLOG_CLUSTER_ROWS", "3000"))  # the seed rows the dump reads
+KEY_SPACE = 8 * ROWS  # most updates and deletes miss: the log rate its S3 batches were sized for
 
 
 def _table(config: Config, db: Db) -> Any:
@@ -216,6 +218,7 @@ def test_the_stream_on_the_cluster_with_an_object_store_checkpoint_converges(
         in_delta = lambda: _table(config, db) is not None  # noqa: E731
         until("the writers' first changes in Delta", in_delta, 300, stream)
         assert dblog(["dump", "-c", str(config_path), "--all"]) == 0
+        requested = time.monotonic()
         (dump,) = store.dumps(config.name)
         if kill:
             # the first chunk selected (a Delta batch on this cluster can take a minute, so
@@ -226,6 +229,7 @@ def test_the_stream_on_the_cluster_with_an_object_store_checkpoint_converges(
             stream.start()
             assert dblog(["set", "-c", str(config_path), "--delay-ms", "0"]) == 0  # finish fast
         until("the dump", lambda: store.progress(dump.id).state == "done", 900, stream)
+        print(f"the dump of {ROWS} rows took {time.monotonic() - requested:.0f} s; {counts}")
         time.sleep(2)
     _check_outputs(config, db, stream)
     kept = _on_the_object_store(config)
