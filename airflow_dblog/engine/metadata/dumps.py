@@ -318,14 +318,18 @@ class DumpsAndChunks(MetadataDatabase):
             self._start(s, chunk, worker)
             return chunk
 
-    def set_table_bound(self, dump_table_id: int, max_key: list[Any] | None) -> DumpTable:
-        """Record a table's upper key bound (``None``: it is empty, nothing to cut)."""
+    def set_table_bound(
+        self, dump_table_id: int, max_key: list[Any] | None, position: str | None = None
+    ) -> DumpTable:
+        """Record a table's upper key bound (``None``: it is empty, nothing to cut) and the log
+        position the stream had read when it read the bound."""
         with self.session() as s:
             table = s.get(DumpTable, dump_table_id, with_for_update=True)
             if table is None:
                 raise MetadataError(f"no dumped table with id {dump_table_id}")
             if not table.bounded:
                 table.max_key, table.bounded, table.exhausted = max_key, True, max_key is None
+                table.bound_position = position
             return table
 
     def requeue_chunk(self, chunk_id: int) -> None:
