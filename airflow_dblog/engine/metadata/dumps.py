@@ -7,8 +7,9 @@ chunk starts in a dump that was just cancelled or paused.
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -17,6 +18,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from airflow_dblog.config import DumpSettings
+from airflow_dblog.core.keys import MAX_KEYS_PER_CHUNK
+from airflow_dblog.engine import repairs
 from airflow_dblog.engine.metadata.database import MetadataDatabase, utcnow
 from airflow_dblog.engine.metadata.models import FINAL_DUMP_STATES, Chunk, Dump, DumpTable
 from airflow_dblog.errors import MetadataError
@@ -161,6 +164,67 @@ class DumpsAndChunks(MetadataDatabase):
                 for seq, keys in enumerate(plan.key_chunks or []):
                     s.add(_new_chunk(dump.id, plan.table, seq, keys=keys))
             return dump.id
+
+    def request_repair(
+        self,
+        stream: str,
+        table: str,
+        key_columns: Sequence[str],
+        dump_id: int,
+        keys_by_chunk: Mapping[int, Sequence[list[Any]]],
+        chunk_size: int = MAX_KEYS_PER_CHUNK,
+    ) -> list[int]:
+        """Dump the keys Delta holds that chunks of ``dump_id`` found the source lacking, once
+        per chunk (:mod:`~airflow_dblog.engine.repairs`): chunks an earlier request already
+        names are left out, so a replayed batch asks for nothing twice. Returns the new dumps.
+
+        The check and the creation share one transaction, under the stream's fence.
+        """
+        created: list[int] = []
+        per_chunk = max(1, min(chunk_size, MAX_KEYS_PER_CHUNK))
+        with self.session() as s:
+            named: set[int] = set()
+            query = select(Dump.requested_by).where(
+                Dump.stream == stream, Dump.kind == "keys", Dump.requested_by.like("dblog repair%")
+            )
+            for text in s.scalars(query):
+                named |= repairs.repaired_chunks(text, dump_id)
+            wanted = [c for c in keys_by_chunk if c not in named and keys_by_chunk[c]]
+            for group in repairs.groups(dump_id, wanted):
+                unique: dict[str, list[Any]] = {}
+                for chunk_id in group:
+                    for key in keys_by_chunk[chunk_id]:
+                        unique.setdefault(json.dumps(key, sort_keys=True), list(key))
+                keys = list(unique.values())
+                now = utcnow()
+                dump = Dump(
+                    stream=stream,
+                    kind="keys",
+                    tables=[table],
+                    requested_by=repairs.requested_by(dump_id, group),
+                    state="pending",
+                    chunk_size=chunk_size,
+                    created_at=now,
+                    updated_at=now,
+                )
+                s.add(dump)
+                s.flush()
+                s.add(
+                    DumpTable(
+                        dump_id=dump.id,
+                        table_name=table,
+                        key_columns=list(key_columns),
+                        max_key=None,
+                        cursor=None,
+                        estimated_rows=len(keys),
+                        bounded=True,
+                        exhausted=True,
+                    )
+                )
+                for seq, i in enumerate(range(0, len(keys), per_chunk)):
+                    s.add(_new_chunk(dump.id, table, seq, keys=keys[i : i + per_chunk]))
+                created.append(dump.id)
+        return created
 
     def dump(self, dump_id: int) -> Dump:
         with self.session(writes=False) as s:
