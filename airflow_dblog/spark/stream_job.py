@@ -76,9 +76,17 @@ class BatchCommitter:
     """
 
     def __init__(
-        self, sink: Sink[FrameBatch], barrier: SinkBarrier, store: MetadataStore, spool: Spool
+        self,
+        sink: Sink[FrameBatch],
+        barrier: SinkBarrier,
+        store: MetadataStore,
+        spool: Spool,
+        stream: str | None = None,
     ) -> None:
+        """``stream``: ask for follow-up dumps of the keys Delta holds that the batch's range
+        chunks found the source lacking (:meth:`request_repairs`; None: not)."""
         self.sink, self.barrier, self.store, self.spool = sink, barrier, store, spool
+        self.stream = stream
         # Spark reports a failed batch as a py4j traceback; the job reports this one line
         self.failure: DblogError | None = None
 
@@ -105,6 +113,7 @@ class BatchCommitter:
         if not footers:
             return
         count = sum(f["events"] for f in footers)
+        closed_refs = [ref for _, ref in refs]
         if count:
             events = rows.where("kind = 'event'").select("seq", *EVENT_COLUMNS)
             refs = [(seq, ref) for seq, ref in refs if ref.emitted]
@@ -122,6 +131,7 @@ class BatchCommitter:
             )
             batch = FrameBatch(events, tables, dump_bounds(footers), logged_tables(footers))
             self.sink.write(last, batch)
+        self.request_repairs(closed_refs)
         committed = self.barrier.held(self.sink.name, footers)
         closed = sum(len(f["closed"]) for f in committed)
         if count or closed:
@@ -135,6 +145,41 @@ class BatchCommitter:
                 time.monotonic() - started,
                 closed,
             )
+
+    def request_repairs(self, refs: Sequence[ChunkRef]) -> list[int]:
+        """After the MERGE, before the chunks complete: a key-list dump of the keys Delta holds
+        that the batch's range chunks found the source lacking, one per table and dump.
+
+        Delta does not delete them here: Kafka's forwarder is ahead of Delta, and a delete sent
+        now could follow a later re-insert of the key there. The follow-up dump's chunks read
+        each key again in a watermark window and delete, in log order in both sinks, those the
+        source still lacks. A batch replayed after a crash finds its chunks named by an earlier
+        request and asks for nothing twice (:meth:`MetadataStore.request_repair`).
+        """
+        extra_keys = getattr(self.sink, "extra_keys", None)
+        checks = [ref for ref in refs if ref.checks_extras]
+        if self.stream is None or extra_keys is None or not checks:
+            return []
+        found = extra_keys(checks, self.spool.chunks)
+        dump_of = {ref.chunk_id: ref.dump_id for ref in checks}
+        created: list[int] = []
+        for table, by_chunk in sorted(found.items()):
+            key_columns = list(self.sink.schemas[TableId.parse(table)].key)  # type: ignore[attr-defined]
+            for dump_id in sorted({dump_of[c] for c in by_chunk}):
+                mine = {c: keys for c, keys in by_chunk.items() if dump_of[c] == dump_id}
+                new = self.store.request_repair(self.stream, table, key_columns, dump_id, mine)
+                if new:
+                    log.info(
+                        "%s: %d keys Delta holds were missing from chunks %s of dump %d;"
+                        " dump %s reads them again and deletes those the source lacks",
+                        table,
+                        sum(len(k) for k in mine.values()),
+                        sorted(mine),
+                        dump_id,
+                        ", ".join(map(str, new)),
+                    )
+                created.extend(new)
+        return created
 
 
 def _outlines(rows: DataFrame) -> tuple[list[Footer], list[tuple[int, ChunkRef]]]:
@@ -312,7 +357,7 @@ def _start_delta_query(
     delta = DeltaSink(spark, config.delta, schemas, app_id, describer.describe, token)
     cleanup.callback(delta.close)
     delta.fence()  # a deposed leader's batch, even one under way, now commits nothing
-    committer = BatchCommitter(delta, barrier, store, spool)
+    committer = BatchCommitter(delta, barrier, store, spool, config.name)
     committer.spark = spark
     endpoint = {k: v for k, v in config.spark.conf.items() if k == S3_ENDPOINT}  # no secrets
     query = (
