@@ -176,7 +176,8 @@ class DumpsAndChunks(MetadataDatabase):
     ) -> list[int]:
         """Dump the keys Delta holds that chunks of ``dump_id`` found the source lacking, once
         per chunk (:mod:`~airflow_dblog.engine.repairs`): chunks an earlier request already
-        names are left out, so a replayed batch asks for nothing twice. Returns the new dumps.
+        names are left out, so a replayed batch asks for nothing twice, and so are chunks of a
+        cancelled dump. Returns the new dumps.
 
         The check and the creation share one transaction, under the stream's fence.
         """
@@ -189,6 +190,14 @@ class DumpsAndChunks(MetadataDatabase):
             )
             for text in s.scalars(query):
                 named |= repairs.repaired_chunks(text, dump_id)
+            # a cancelled dump's chunk that closed anyway is not completed: it deletes nothing
+            named |= set(
+                s.scalars(
+                    select(Chunk.id).where(
+                        Chunk.id.in_(list(keys_by_chunk)), Chunk.state == "cancelled"
+                    )
+                )
+            )
             wanted = [c for c in keys_by_chunk if c not in named and keys_by_chunk[c]]
             for group in repairs.groups(dump_id, wanted):
                 unique: dict[str, list[Any]] = {}

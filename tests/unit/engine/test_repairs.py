@@ -45,3 +45,15 @@ def test_a_replayed_request_creates_no_second_dump_of_the_same_chunks(tmp_path) 
     assert store.request_repair("s", "app.t", ["id"], 3, {13: []}) == []  # nothing extra
     # another dump's chunks with the same ids are its own
     assert len(store.request_repair("s", "app.t", ["id"], 4, {10: [[5]]})) == 1
+
+
+def test_a_cancelled_dumps_chunks_ask_for_no_repair(tmp_path) -> None:
+    from airflow_dblog.engine.metadata.dumps import TablePlan
+
+    store = MetadataStore(f"sqlite:///{tmp_path}/meta.db")
+    dump_id = store.create_dump("s", "tables", [TablePlan("app.t", ["id"], 10)])
+    store.set_table_bound(store.dump_tables(dump_id)[0].id, [9])
+    chunk = store.cut_range_chunk(store.dump_tables(dump_id)[0].id, None, None, "w")
+    assert chunk is not None
+    store.apply(dump_id, "cancel")
+    assert store.request_repair("s", "app.t", ["id"], dump_id, {chunk.id: [[5]]}) == []
