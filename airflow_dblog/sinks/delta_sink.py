@@ -550,22 +550,32 @@ class DeltaSink:
         keys = [F.col(quoted(k)) for k in schema.key]
         position = F.col("_dblog_position")
         chunk_of: SparkColumn | None = None
-        anywhere = F.lit(False)
+        anywhere = skim = F.lit(False)
         for ref in checks:
             assert ref.covers is not None
             lower, upper = ref.covers
             inside = ~_after(keys, types, upper) & (position < F.lit(ref.low))
+            # the same range on the first key column alone: Delta skips files by it
+            first = F.lit(True)
             if lower is not None:
                 inside = inside & _after(keys, types, lower)
+                first = keys[0] >= _typed(types[0], F.lit(str(lower[0])))
             if ref.beyond:
                 inside = inside | (_after(keys, types, upper) & (position < F.lit(ref.beyond)))
+            else:
+                first = first & (keys[0] <= _typed(types[0], F.lit(str(upper[0]))))
             chunk_of = (F.when if chunk_of is None else chunk_of.when)(inside, F.lit(ref.chunk_id))
-            anywhere = anywhere | inside
+            anywhere, skim = anywhere | inside, skim | first
         assert chunk_of is not None
         aliases = [f"_k{i}" for i in range(len(keys))]
         live = self._table(TableId.parse(name)).toDF().where(~F.col("_dblog_deleted"))
-        candidates = live.where(anywhere).select(
-            chunk_of.alias("chunk_id"), *[k.alias(a) for k, a in zip(keys, aliases, strict=True)]
+        candidates = (
+            live.where(skim)
+            .where(anywhere)
+            .select(
+                chunk_of.alias("chunk_id"),
+                *[k.alias(a) for k, a in zip(keys, aliases, strict=True)],
+            )
         )
         folders = [files.uri(ref.folder) for ref in checks if ref.folder]
         if folders:
