@@ -86,9 +86,10 @@ class DumpedRows:
     whatever the caller gave :meth:`WatermarkMerge.rows_ready` (where the rows are).
     ``deleted``: keys the chunk asked for that its SELECT did not find and the log did not change
     inside the window; each becomes a delete after the rows (:func:`removed`). ``low``: where
-    the window began (the low watermark, or the earliest change it judged missed): a change of
-    the table logged before it was seen by the SELECT, so a key the lake last changed before
-    ``low`` and the chunk's range lacks was gone from the source (None: unknown).
+    the window began (the low watermark; for a window open from registration, just after the
+    last item fed then, or the earliest change it judged missed): a change of the table logged
+    before it was seen by the SELECT, so a key the lake last changed before ``low`` and the
+    chunk's range lacks was gone from the source (None: unknown).
     """
 
     chunk_id: int
@@ -215,8 +216,9 @@ class WatermarkMerge:
             past = [s for s in self._history if s.table == table and window.contains_past(s)]
             changed = {s.key for s in past}
         chunk = _Chunk(chunk_id, dump_id, table, window, window.starts_open, changed)
-        if window.starts_open:
-            chunk.began(self._last_position)
+        if window.starts_open and self._last_position is not None:
+            # what was fed so far, the last item included, the window judged above (``past``)
+            chunk.began(_just_after(self._last_position))
         for seen in past:
             chunk.began(seen.position)
         self._open[chunk_id] = chunk
@@ -410,6 +412,12 @@ def _unopened(chunk: _Chunk, item: LogItem) -> WindowError:
         "check that the reader captures the dblog watermark table (binlog filters, publication)"
         " and that the stream resumed from a position before the chunk started",
     )
+
+
+def _just_after(position: Position) -> Position:
+    """The greatest position of ``position``'s log part: above it and the rows placed at it,
+    below the next log item."""
+    return Position((*position.log_part(), _MAX_COORD))
 
 
 def _just_before(position: Position) -> Position:

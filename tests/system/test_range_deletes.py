@@ -158,6 +158,8 @@ def test_a_full_dump_deletes_the_keys_the_source_lost_without_the_log(
     done = lambda: all(store.progress(d.id).state == "done" for d in repairs)  # noqa: E731
     until("the follow-up dumps", done, 300, stream)
     # each key read again and found missing: a delete each, and no row
+    asked = sorted(k[0] for d in repairs for c in store.chunks(d.id) for k in c.keys or [])
+    assert asked == sorted(gone), [(d.id, d.requested_by) for d in repairs]
     assert sum(store.progress(d.id).rows_emitted for d in repairs) == len(gone)
     expected = _source(db)
     assert _caught_up(spark, db, path, stream) == expected
