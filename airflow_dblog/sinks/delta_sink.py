@@ -33,6 +33,7 @@ from airflow_dblog.core.events import TableId
 from airflow_dblog.engine.chunk_file import SPARK_DDL as CHUNK_DDL
 from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef
 from airflow_dblog.errors import DblogError, FencedError
+from airflow_dblog.sinks.base import ExtraKeys
 from airflow_dblog.sources.base import Column, TableSchema
 
 if TYPE_CHECKING:
@@ -492,9 +493,7 @@ class DeltaSink:
             log.warning("%s: removing a Delta log without commits (%s)", path, ", ".join(names))
             fs.delete(log_dir, True)
 
-    def extra_keys(
-        self, refs: Sequence[ChunkRef], files: ChunkFiles
-    ) -> dict[str, dict[int, list[list[Any]]]]:
+    def extra_keys(self, refs: Sequence[ChunkRef], files: ChunkFiles) -> ExtraKeys:
         """The keys Delta holds that closed range chunks found the source lacking, per table and
         chunk (JSON values, as a key-list dump takes them); run after the batch's MERGE.
 
@@ -530,7 +529,7 @@ class DeltaSink:
             parts.append(self._extras(name, schema, types[name], checks, files))
         if not parts:
             return {}
-        found: dict[str, dict[int, list[list[Any]]]] = {}
+        found: ExtraKeys = {}
         for row in reduce(lambda a, b: a.unionByName(b), parts).collect():
             key = [_key_value(t, v) for t, v in zip(types[row["table"]], row["key"], strict=True)]
             found.setdefault(row["table"], {}).setdefault(row["chunk_id"], []).append(key)

@@ -46,7 +46,7 @@ from airflow_dblog.engine.sink_barrier import SinkBarrier
 from airflow_dblog.engine.spool import Spool, dump_bounds, logged_tables
 from airflow_dblog.engine.spool_store import S3_ENDPOINT, join
 from airflow_dblog.errors import DblogError
-from airflow_dblog.sinks.base import Sink
+from airflow_dblog.sinks.base import ReadBack, Sink
 from airflow_dblog.sinks.delta_sink import DeltaSink, FrameBatch
 from airflow_dblog.sinks.kafka_forwarder import KafkaForwarder
 from airflow_dblog.sinks.kafka_sink import KafkaSink
@@ -81,12 +81,12 @@ class BatchCommitter:
         barrier: SinkBarrier,
         store: MetadataStore,
         spool: Spool,
-        stream: str | None = None,
+        lake: ReadBack | None = None,
     ) -> None:
-        """``stream``: ask for follow-up dumps of the keys Delta holds that the batch's range
-        chunks found the source lacking (:meth:`request_repairs`; None: not)."""
+        """``lake``: the sink, read back after each batch for the keys it holds that the batch's
+        range chunks found the source lacking (:meth:`request_repairs`; None: not looked for)."""
         self.sink, self.barrier, self.store, self.spool = sink, barrier, store, spool
-        self.stream = stream
+        self.lake = lake
         # Spark reports a failed batch as a py4j traceback; the job reports this one line
         self.failure: DblogError | None = None
 
@@ -156,18 +156,17 @@ class BatchCommitter:
         source still lacks. A batch replayed after a crash finds its chunks named by an earlier
         request and asks for nothing twice (:meth:`MetadataStore.request_repair`).
         """
-        extra_keys = getattr(self.sink, "extra_keys", None)
         checks = [ref for ref in refs if ref.checks_extras]
-        if self.stream is None or extra_keys is None or not checks:
+        if self.lake is None or not checks:
             return []
-        found = extra_keys(checks, self.spool.chunks)
+        found = self.lake.extra_keys(checks, self.spool.chunks)
         dump_of = {ref.chunk_id: ref.dump_id for ref in checks}
         created: list[int] = []
         for table, by_chunk in sorted(found.items()):
-            key_columns = list(self.sink.schemas[TableId.parse(table)].key)  # type: ignore[attr-defined]
+            key_columns = list(self.lake.schemas[TableId.parse(table)].key)
             for dump_id in sorted({dump_of[c] for c in by_chunk}):
                 mine = {c: keys for c, keys in by_chunk.items() if dump_of[c] == dump_id}
-                new = self.store.request_repair(self.stream, table, key_columns, dump_id, mine)
+                new = self.store.request_repair(table, key_columns, dump_id, mine)
                 if new:
                     log.info(
                         "%s: %d keys Delta holds were missing from chunks %s of dump %d;"
@@ -357,7 +356,7 @@ def _start_delta_query(
     delta = DeltaSink(spark, config.delta, schemas, app_id, describer.describe, token)
     cleanup.callback(delta.close)
     delta.fence()  # a deposed leader's batch, even one under way, now commits nothing
-    committer = BatchCommitter(delta, barrier, store, spool, config.name)
+    committer = BatchCommitter(delta, barrier, store, spool, lake=delta)
     committer.spark = spark
     endpoint = {k: v for k, v in config.spark.conf.items() if k == S3_ENDPOINT}  # no secrets
     query = (

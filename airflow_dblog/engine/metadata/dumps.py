@@ -167,7 +167,6 @@ class DumpsAndChunks(MetadataDatabase):
 
     def request_repair(
         self,
-        stream: str,
         table: str,
         key_columns: Sequence[str],
         dump_id: int,
@@ -179,11 +178,16 @@ class DumpsAndChunks(MetadataDatabase):
         names are left out, so a replayed batch asks for nothing twice, and so are chunks of a
         cancelled dump. Returns the new dumps.
 
-        The check and the creation share one transaction, under the stream's fence.
+        The follow-up belongs to the stream of ``dump_id``; the check and the creation share
+        one transaction, under the stream's fence.
         """
         created: list[int] = []
         per_chunk = max(1, min(chunk_size, MAX_KEYS_PER_CHUNK))
         with self.session() as s:
+            repaired = s.get(Dump, dump_id)
+            if repaired is None:
+                raise MetadataError(f"no dump with id {dump_id}", "list dumps with: dblog status")
+            stream = repaired.stream
             named: set[int] = set()
             query = select(Dump.requested_by).where(
                 Dump.stream == stream, Dump.kind == "keys", Dump.requested_by.like("dblog repair%")

@@ -31,20 +31,22 @@ def test_scattered_chunk_ids_are_split_so_each_request_fits_its_column() -> None
 
 def test_a_replayed_request_creates_no_second_dump_of_the_same_chunks(tmp_path) -> None:
     store = MetadataStore(f"sqlite:///{tmp_path}/meta.db")
-    first = store.request_repair("s", "app.t", ["id"], 3, {10: [[5], [6]], 11: [[6], [9]]}, 2)
+    for _ in range(4):  # dumps 1-4 of stream "s"; the chunks below are of dumps 3 and 4
+        store.create_dump("s", "tables", [])
+    first = store.request_repair("app.t", ["id"], 3, {10: [[5], [6]], 11: [[6], [9]]}, 2)
     assert len(first) == 1
     dump = store.dump(first[0])
     assert (dump.kind, dump.tables, dump.state) == ("keys", ["app.t"], "pending")
     assert dump.requested_by.startswith("dblog repair of dump 3, chunks 10-11: ")
     chunks = store.chunks(first[0])
     assert [c.keys for c in chunks] == [[[5], [6]], [[9]]]  # each key once, 2 per chunk
-    assert store.request_repair("s", "app.t", ["id"], 3, {10: [[5]], 11: [[9]]}) == []
+    assert store.request_repair("app.t", ["id"], 3, {10: [[5]], 11: [[9]]}) == []
     # a batch cut differently names one chunk already asked for and one new: only the new one
-    again = store.request_repair("s", "app.t", ["id"], 3, {11: [[9]], 12: [[20]]})
+    again = store.request_repair("app.t", ["id"], 3, {11: [[9]], 12: [[20]]})
     assert len(again) == 1 and [c.keys for c in store.chunks(again[0])] == [[[20]]]
-    assert store.request_repair("s", "app.t", ["id"], 3, {13: []}) == []  # nothing extra
+    assert store.request_repair("app.t", ["id"], 3, {13: []}) == []  # nothing extra
     # another dump's chunks with the same ids are its own
-    assert len(store.request_repair("s", "app.t", ["id"], 4, {10: [[5]]})) == 1
+    assert len(store.request_repair("app.t", ["id"], 4, {10: [[5]]})) == 1
 
 
 def test_a_cancelled_dumps_chunks_ask_for_no_repair(tmp_path) -> None:
@@ -56,4 +58,4 @@ def test_a_cancelled_dumps_chunks_ask_for_no_repair(tmp_path) -> None:
     chunk = store.cut_range_chunk(store.dump_tables(dump_id)[0].id, None, None, "w")
     assert chunk is not None
     store.apply(dump_id, "cancel")
-    assert store.request_repair("s", "app.t", ["id"], dump_id, {chunk.id: [[5]]}) == []
+    assert store.request_repair("app.t", ["id"], dump_id, {chunk.id: [[5]]}) == []
