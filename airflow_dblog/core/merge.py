@@ -85,7 +85,11 @@ class DumpedRows:
     ``changed`` (those changed inside the window: the log carries a newer value). ``rows`` is
     whatever the caller gave :meth:`WatermarkMerge.rows_ready` (where the rows are).
     ``deleted``: keys the chunk asked for that its SELECT did not find and the log did not change
-    inside the window; each becomes a delete after the rows (:func:`removed`).
+    inside the window; each becomes a delete after the rows (:func:`removed`). ``low``: where
+    the window began (the low watermark; for a window open from registration, just after the
+    last item fed then, or the earliest change it judged missed): a change of the table logged
+    before it was seen by the SELECT, so a key the lake last changed before ``low`` and the
+    chunk's range lacks was gone from the source (None: unknown).
     """
 
     chunk_id: int
@@ -98,6 +102,7 @@ class DumpedRows:
     rows: Any
     ts_ms: int
     deleted: tuple[Key, ...] = ()
+    low: Position | None = None
 
     def row_position(self, index: int) -> Position:
         return self.position.dumped_row(self.first_index + index)
@@ -157,6 +162,12 @@ class _Chunk:
     rows: Any = None
     ts_ms: int | None = None
     absent: tuple[Key, ...] = ()  # keys asked for that the SELECT did not find
+    low: Position | None = None  # where the window began (see DumpedRows.low)
+
+    def began(self, position: Position | None) -> None:
+        """The window reaches back to ``position`` (its opening, or a change it judged)."""
+        if position is not None and (self.low is None or position < self.low):
+            self.low = position
 
 
 class WatermarkMerge:
@@ -194,6 +205,7 @@ class WatermarkMerge:
         if not isinstance(window, Window):
             raise TypeError(f"not a window: {window!r}")
         changed: set[Key] = set()
+        past: list[Seen] = []
         if window.judges_past:
             if self._lost is not None:
                 raise HistoryLost(
@@ -201,8 +213,15 @@ class WatermarkMerge:
                     f" {window.describe()} window must judge are no longer remembered",
                     "the chunk is selected again once the source's horizon has passed them",
                 )
-            changed = {s.key for s in self._history if s.table == table and window.contains_past(s)}
-        self._open[chunk_id] = _Chunk(chunk_id, dump_id, table, window, window.starts_open, changed)
+            past = [s for s in self._history if s.table == table and window.contains_past(s)]
+            changed = {s.key for s in past}
+        chunk = _Chunk(chunk_id, dump_id, table, window, window.starts_open, changed)
+        if window.starts_open and self._last_position is not None:
+            # what was fed so far, the last item included, the window judged above (``past``)
+            chunk.began(_just_after(self._last_position))
+        for seen in past:
+            chunk.began(seen.position)
+        self._open[chunk_id] = chunk
 
     def forget(self, forgettable: Callable[[Seen], bool]) -> int:
         """Drop the oldest remembered changes no later window can need; returns how many."""
@@ -266,6 +285,11 @@ class WatermarkMerge:
             del self._open[chunk_id]
         return len(ids)
 
+    @property
+    def last_position(self) -> Position | None:
+        """The position of the last change or watermark fed (what the log was read up to)."""
+        return self._last_position
+
     def open_ids(self) -> set[int]:
         return set(self._open)
 
@@ -295,8 +319,11 @@ class WatermarkMerge:
             mine = change is not None and change.table == chunk.table
             if not chunk.opened:
                 chunk.opened = chunk.window.opens_at(item)
+                if chunk.opened:
+                    chunk.began(item.position)  # type: ignore[union-attr]
                 if mine and chunk.window.contains_past(change):  # type: ignore[arg-type]
                     self._conflict(chunk, change.key)  # type: ignore[union-attr]
+                    chunk.began(change.position)  # type: ignore[union-attr]
             elif mine and chunk.window.contains(change):  # type: ignore[arg-type]
                 self._conflict(chunk, change.key)  # type: ignore[union-attr]
         if change is not None:
@@ -368,6 +395,7 @@ class WatermarkMerge:
             chunk.rows,
             self._last_ts if chunk.ts_ms is None else chunk.ts_ms,
             deleted,
+            chunk.low,
         )
 
     def _get(self, chunk_id: int) -> _Chunk:
@@ -384,6 +412,12 @@ def _unopened(chunk: _Chunk, item: LogItem) -> WindowError:
         "check that the reader captures the dblog watermark table (binlog filters, publication)"
         " and that the stream resumed from a position before the chunk started",
     )
+
+
+def _just_after(position: Position) -> Position:
+    """The greatest position of ``position``'s log part: above it and the rows placed at it,
+    below the next log item."""
+    return Position((*position.log_part(), _MAX_COORD))
 
 
 def _just_before(position: Position) -> Position:

@@ -168,6 +168,11 @@ class Capture:
         if not dumped.selected:
             self.files.delete(folder)  # nothing to read back
             folder = ""
+        low = str(dumped.low if dumped.low is not None else dumped.position)
+        covers, beyond = rows.covers, ""
+        if covers is not None and covers.last:
+            bound = covers.bound_position
+            beyond = low if bound is None else min(low, bound)
         return ChunkRef(
             str(dumped.table),
             dumped.chunk_id,
@@ -180,6 +185,9 @@ class Capture:
             dumped.ts_ms,
             rows.key_span,
             deleted=len(dumped.deleted),
+            low=low if covers is not None else "",
+            covers=None if covers is None else [covers.lower, covers.upper],
+            beyond=beyond,
         )
 
     def _publish(self, output: list[Published], items: list[LogItem]) -> None:

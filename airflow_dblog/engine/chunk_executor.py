@@ -26,7 +26,7 @@ from typing import Any
 from airflow_dblog.core.events import TableId
 from airflow_dblog.core.keys import from_json, to_json
 from airflow_dblog.core.merge import HistoryLost, Seen, WatermarkMerge
-from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRows, ChunkSelected
+from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRows, ChunkSelected, Covered
 from airflow_dblog.engine.chunk_runner import ChunkRunner
 from airflow_dblog.engine.chunk_task import ChunkTask, error_of
 from airflow_dblog.engine.metadata import MetadataStore
@@ -72,6 +72,8 @@ class ChunkExecutor:
         self.stream, self.strategy, self.worker = stream, strategy, worker
         self.runner, self.files, self.url = runner, files, url
         self._schemas: dict[TableId, TableSchema] = {}  # as described after the last chunk
+        # (dump id, table) -> its bound and where the log stood when it was read
+        self._bounds: dict[tuple[int, str], tuple[list[Any] | None, str | None]] = {}
         self._in_flight: dict[int, _InFlight] = {}  # in the order they were sent
         self._retry_at = 0.0
 
@@ -156,7 +158,12 @@ class ChunkExecutor:
             )
         max_key = self.source.max_key(table_id)
         log.info("dump %s: %s bounded at key %s", table.dump_id, table_id, max_key)
-        return self.store.set_table_bound(table.id, None if max_key is None else to_json(max_key))
+        read = self.merge.last_position  # the log read so far: later inserts come after it
+        return self.store.set_table_bound(
+            table.id,
+            None if max_key is None else to_json(max_key),
+            None if read is None else str(read),
+        )
 
     # -------------------------------------------------------------------------- running
 
@@ -233,7 +240,12 @@ class ChunkExecutor:
         window = self.strategy.window(flight.opened, selected.info)
         if window is not None:
             self.merge.open_chunk(chunk.id, chunk.dump_id, task.table, window)
-        rows = ChunkRows(task.folder, selected.key_span)
+        split = (
+            chunk.keys is None
+            and selected.count == task.limit
+            and selected.last_key != chunk.upper_key
+        )
+        rows = ChunkRows(task.folder, selected.key_span, self._covered(chunk, selected, split))
         self.merge.rows_ready(chunk.id, selected.count, rows, absent=selected.absent)
         self.strategy.finish(flight.opened)
         schema = self.source.describe(task.table)
@@ -254,11 +266,7 @@ class ChunkExecutor:
             self._drop(flight)
             self._send(chunk, task.selection(), schema, flight.attempt + 1)
             return
-        if (
-            chunk.keys is None
-            and selected.count == task.limit
-            and selected.last_key != chunk.upper_key
-        ):
+        if split:
             # the page filled before the upper key (rows inserted since the cut, or a smaller
             # chunk size): the rest of the range becomes its own chunk
             assert selected.last_key is not None
@@ -269,6 +277,26 @@ class ChunkExecutor:
             "chunk %s#%s of dump %s: %d rows selected (by pid %d)",
             task.table, chunk.seq, chunk.dump_id, selected.count, selected.pid,
         )  # fmt: skip
+
+    def _covered(self, chunk: Chunk, selected: ChunkSelected, split: bool) -> Covered | None:
+        """The keys a range chunk read all of (None for a key list): up to its last row when
+        the page filled early, else up to its bound; the table's last chunk (its bound is the
+        table's) covers what lies above too."""
+        if chunk.keys is None and chunk.upper_key is not None:
+            if split:
+                assert selected.last_key is not None
+                return Covered(chunk.lower_key, selected.last_key)
+            bound = self._bounds.get((chunk.dump_id, chunk.table_name))
+            if bound is None:
+                for table in self.store.dump_tables(chunk.dump_id):
+                    if table.bounded:
+                        key = (chunk.dump_id, table.table_name)
+                        self._bounds[key] = (table.max_key, table.bound_position)
+                bound = self._bounds.get((chunk.dump_id, chunk.table_name), (None, None))
+            max_key, position = bound
+            last = max_key is not None and chunk.upper_key == max_key
+            return Covered(chunk.lower_key, chunk.upper_key, last, position if last else None)
+        return None
 
     def _key_change(self, chunk: Chunk) -> DblogError | None:
         """The primary key changed since the dump was requested: that, not a key that no longer

@@ -77,11 +77,29 @@ class ChunkSelected:
     absent: tuple[Key, ...] = ()
 
 
+class Covered(NamedTuple):
+    """The keys a range chunk's SELECT read all of: ``(lower, upper]`` in the source's order.
+
+    ``lower`` None: from the table's first key (the table's first chunk). ``upper``: the last
+    row's key when the page filled before the chunk's bound (the rest became a chunk of its
+    own), else the bound. ``last``: the table's last chunk, whose bound is the largest key the
+    stream read before the dump began; keys above it count as covered too, with
+    ``bound_position`` the log position the bound was read at (None: not recorded).
+    """
+
+    lower: list[Any] | None
+    upper: list[Any]
+    last: bool = False
+    bound_position: str | None = None
+
+
 class ChunkRows(NamedTuple):
-    """Where a selected chunk's rows are, as the merge passes them on (``DumpedRows.rows``)."""
+    """Where a selected chunk's rows are, as the merge passes them on (``DumpedRows.rows``),
+    and which keys it covered (a range chunk; None for a key list)."""
 
     folder: str
     key_span: list[Any] | None
+    covers: Covered | None = None
 
 
 def span(bounds: list[Any] | None, value: Any) -> list[Any] | None:
@@ -159,6 +177,19 @@ class ChunkRef:
     key_span: list[Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     deleted: int = 0  # keys asked for and not found: deletes right after the chunk's rows
+    # a range chunk: where its window began (position text), the keys it covered as
+    # [lower or None, upper] (JSON values, see Covered) and, for a table's last chunk, the
+    # position below which a key above ``upper`` the lake holds was not in the source either.
+    # Empty/None in key-list chunks and in records written before these fields existed.
+    low: str = ""
+    covers: list[Any] | None = None
+    beyond: str = ""
+
+    @property
+    def checks_extras(self) -> bool:
+        """Whether the lake's keys in this chunk's range can be compared with its rows: a range
+        chunk whose window's beginning is known."""
+        return self.covers is not None and bool(self.low)
 
     @property
     def emitted(self) -> int:

@@ -13,9 +13,15 @@ segments' events, Kafka the messages built from them.
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+from airflow_dblog.core.events import TableId
+from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef
+from airflow_dblog.sources.base import TableSchema
 
 Batch = TypeVar("Batch", contravariant=True)
+ExtraKeys = dict[str, dict[int, list[list[Any]]]]  # table -> chunk id -> keys (JSON values)
 
 
 class Sink(Protocol[Batch]):
@@ -26,3 +32,13 @@ class Sink(Protocol[Batch]):
         ...
 
     def close(self) -> None: ...
+
+
+class ReadBack(Protocol):
+    """A sink whose tables can be read back: after a batch, it names the keys it holds that the
+    batch's closed range chunks found the source lacking (only a sink that can be queried can;
+    Kafka cannot)."""
+
+    schemas: Mapping[TableId, TableSchema]
+
+    def extra_keys(self, refs: Sequence[ChunkRef], files: ChunkFiles) -> ExtraKeys: ...

@@ -24,13 +24,16 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_dblog.config import DeltaSinkConfig
 from airflow_dblog.core.events import TableId
+from airflow_dblog.engine.chunk_file import SPARK_DDL as CHUNK_DDL
+from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef
 from airflow_dblog.errors import DblogError, FencedError
+from airflow_dblog.sinks.base import ExtraKeys
 from airflow_dblog.sources.base import Column, TableSchema
 
 if TYPE_CHECKING:
@@ -103,6 +106,41 @@ def _fenced(table: TableId, write: str) -> FencedError:
         " nothing of it was committed",
         "nothing to do: this process was deposed and the new leader continues",
     )
+
+
+def ordered_key(schema: TableSchema) -> bool:
+    """Whether Spark orders the table's key as the source does, so that a chunk's key range
+    means the same keys in Delta: integers, decimals and dates. Text sorts by the column's
+    collation at the source and bytewise in Spark; floats, times and other types are left out
+    too (a key range of those is not checked for keys the source lacks)."""
+    from pyspark.sql import types as T
+
+    columns = {c.name: c for c in schema.columns}
+    return all(
+        isinstance(spark_type(columns[k]), (T.LongType, T.DecimalType, T.DateType))
+        for k in schema.key
+    )
+
+
+def _key_value(target: DataType, text: str) -> Any:
+    """A key value Spark gave as text, as JSON the source's ``coerce_key`` takes."""
+    from pyspark.sql import types as T
+
+    if isinstance(target, T.LongType) or (isinstance(target, T.DecimalType) and not target.scale):
+        return int(text)
+    return text  # decimals with a scale and dates: their text, as ``to_json`` writes them
+
+
+def _after(columns: Sequence[SparkColumn], types: Sequence[DataType], key: Sequence[Any]):  # type: ignore[no-untyped-def]
+    """``(columns) > (key)`` in the key's order (a row-value comparison, column by column)."""
+    from pyspark.sql import functions as F
+
+    greater, equal = F.lit(False), F.lit(True)
+    for column, target, value in zip(columns, types, key, strict=True):
+        bound = _typed(target, F.lit(str(value)))
+        greater = greater | (equal & (column > bound))
+        equal = equal & (column == bound)
+    return greater
 
 
 def table_path(config: DeltaSinkConfig, table: TableId) -> str:
@@ -454,6 +492,111 @@ class DeltaSink:
         if not any(_VERSION_FILE.match(name) for name in names):
             log.warning("%s: removing a Delta log without commits (%s)", path, ", ".join(names))
             fs.delete(log_dir, True)
+
+    def extra_keys(self, refs: Sequence[ChunkRef], files: ChunkFiles) -> ExtraKeys:
+        """The keys Delta holds that closed range chunks found the source lacking, per table and
+        chunk (JSON values, as a key-list dump takes them); run after the batch's MERGE.
+
+        A key counts when Delta holds it live, inside the range the chunk covered, last changed
+        before the chunk's window began (a change inside the window or after it is the log's
+        word, newer than the SELECT), and it is not among the chunk's rows, those the window
+        dropped included. For a table's last chunk, keys above its bound count too if Delta
+        last changed them before the bound was read. One Spark job for the whole batch. A
+        false candidate costs a re-read only: the follow-up dump reads each key again.
+        """
+        from functools import reduce
+
+        parts: list[DataFrame] = []
+        types: dict[str, list[DataType]] = {}
+        by_table: dict[str, list[ChunkRef]] = {}
+        for ref in refs:
+            if ref.checks_extras:
+                by_table.setdefault(ref.table, []).append(ref)
+        for name, checks in sorted(by_table.items()):
+            table = TableId.parse(name)
+            schema = self.schemas.get(table)
+            if schema is None:
+                continue
+            if not ordered_key(schema):
+                log.info(
+                    "%s: its key has no order Spark and the source agree on: keys Delta holds"
+                    " that the source lacks are not looked for in chunks %s",
+                    table, sorted(r.chunk_id for r in checks),
+                )  # fmt: skip
+                continue
+            columns = {c.name: c for c in schema.columns}
+            types[name] = [spark_type(columns[k]) for k in schema.key]
+            parts.append(self._extras(name, schema, types[name], checks, files))
+        if not parts:
+            return {}
+        found: ExtraKeys = {}
+        for row in reduce(lambda a, b: a.unionByName(b), parts).collect():
+            key = [_key_value(t, v) for t, v in zip(types[row["table"]], row["key"], strict=True)]
+            found.setdefault(row["table"], {}).setdefault(row["chunk_id"], []).append(key)
+        return found
+
+    def _extras(
+        self,
+        name: str,
+        schema: TableSchema,
+        types: Sequence[DataType],
+        checks: Sequence[ChunkRef],
+        files: ChunkFiles,
+    ) -> DataFrame:
+        """One table's candidates: ``table``, ``chunk_id``, ``key`` (the values as text)."""
+        from pyspark.sql import functions as F
+
+        keys = [F.col(quoted(k)) for k in schema.key]
+        position = F.col("_dblog_position")
+        chunk_of: SparkColumn | None = None
+        anywhere = skim = F.lit(False)
+        for ref in checks:
+            assert ref.covers is not None
+            lower, upper = ref.covers
+            inside = ~_after(keys, types, upper) & (position < F.lit(ref.low))
+            # the same range on the first key column alone: Delta skips files by it
+            first = F.lit(True)
+            if lower is not None:
+                inside = inside & _after(keys, types, lower)
+                first = keys[0] >= _typed(types[0], F.lit(str(lower[0])))
+            if ref.beyond:
+                inside = inside | (_after(keys, types, upper) & (position < F.lit(ref.beyond)))
+            else:
+                first = first & (keys[0] <= _typed(types[0], F.lit(str(upper[0]))))
+            chunk_of = (F.when if chunk_of is None else chunk_of.when)(inside, F.lit(ref.chunk_id))
+            anywhere, skim = anywhere | inside, skim | first
+        assert chunk_of is not None
+        aliases = [f"_k{i}" for i in range(len(keys))]
+        live = self._table(TableId.parse(name)).toDF().where(~F.col("_dblog_deleted"))
+        candidates = (
+            live.where(skim)
+            .where(anywhere)
+            .select(
+                chunk_of.alias("chunk_id"),
+                *[k.alias(a) for k, a in zip(keys, aliases, strict=True)],
+            )
+        )
+        folders = [files.uri(ref.folder) for ref in checks if ref.folder]
+        if folders:
+            spark = self.spark
+            parsed = F.from_json(F.col("key"), "array<string>")
+            selected = (
+                spark.read.schema(CHUNK_DDL)
+                .parquet(*folders)
+                .select(
+                    "chunk_id",
+                    *[
+                        _typed(t, parsed.getItem(i)).alias(a)
+                        for i, (t, a) in enumerate(zip(types, aliases, strict=True))
+                    ],
+                )
+            )
+            candidates = candidates.join(selected, ["chunk_id", *aliases], "left_anti")
+        return candidates.select(
+            F.lit(name).alias("table"),
+            F.col("chunk_id").cast("bigint").alias("chunk_id"),
+            F.array(*[F.col(a).cast("string") for a in aliases]).alias("key"),
+        )
 
     def _purge_tombstones(self, table: TableId) -> None:
         """Drop tombstones past the retention, hourly per table from ten minutes after start."""

@@ -46,7 +46,7 @@ from airflow_dblog.engine.sink_barrier import SinkBarrier
 from airflow_dblog.engine.spool import Spool, dump_bounds, logged_tables
 from airflow_dblog.engine.spool_store import S3_ENDPOINT, join
 from airflow_dblog.errors import DblogError
-from airflow_dblog.sinks.base import Sink
+from airflow_dblog.sinks.base import ReadBack, Sink
 from airflow_dblog.sinks.delta_sink import DeltaSink, FrameBatch
 from airflow_dblog.sinks.kafka_forwarder import KafkaForwarder
 from airflow_dblog.sinks.kafka_sink import KafkaSink
@@ -76,9 +76,17 @@ class BatchCommitter:
     """
 
     def __init__(
-        self, sink: Sink[FrameBatch], barrier: SinkBarrier, store: MetadataStore, spool: Spool
+        self,
+        sink: Sink[FrameBatch],
+        barrier: SinkBarrier,
+        store: MetadataStore,
+        spool: Spool,
+        lake: ReadBack | None = None,
     ) -> None:
+        """``lake``: the sink, read back after each batch for the keys it holds that the batch's
+        range chunks found the source lacking (:meth:`request_repairs`; None: not looked for)."""
         self.sink, self.barrier, self.store, self.spool = sink, barrier, store, spool
+        self.lake = lake
         # Spark reports a failed batch as a py4j traceback; the job reports this one line
         self.failure: DblogError | None = None
 
@@ -105,6 +113,7 @@ class BatchCommitter:
         if not footers:
             return
         count = sum(f["events"] for f in footers)
+        closed_refs = [ref for _, ref in refs]
         if count:
             events = rows.where("kind = 'event'").select("seq", *EVENT_COLUMNS)
             refs = [(seq, ref) for seq, ref in refs if ref.emitted]
@@ -122,6 +131,7 @@ class BatchCommitter:
             )
             batch = FrameBatch(events, tables, dump_bounds(footers), logged_tables(footers))
             self.sink.write(last, batch)
+        self.request_repairs(closed_refs)
         committed = self.barrier.held(self.sink.name, footers)
         closed = sum(len(f["closed"]) for f in committed)
         if count or closed:
@@ -135,6 +145,40 @@ class BatchCommitter:
                 time.monotonic() - started,
                 closed,
             )
+
+    def request_repairs(self, refs: Sequence[ChunkRef]) -> list[int]:
+        """After the MERGE, before the chunks complete: a key-list dump of the keys Delta holds
+        that the batch's range chunks found the source lacking, one per table and dump.
+
+        Delta does not delete them here: Kafka's forwarder is ahead of Delta, and a delete sent
+        now could follow a later re-insert of the key there. The follow-up dump's chunks read
+        each key again in a watermark window and delete, in log order in both sinks, those the
+        source still lacks. A batch replayed after a crash finds its chunks named by an earlier
+        request and asks for nothing twice (:meth:`MetadataStore.request_repair`).
+        """
+        checks = [ref for ref in refs if ref.checks_extras]
+        if self.lake is None or not checks:
+            return []
+        found = self.lake.extra_keys(checks, self.spool.chunks)
+        dump_of = {ref.chunk_id: ref.dump_id for ref in checks}
+        created: list[int] = []
+        for table, by_chunk in sorted(found.items()):
+            key_columns = list(self.lake.schemas[TableId.parse(table)].key)
+            for dump_id in sorted({dump_of[c] for c in by_chunk}):
+                mine = {c: keys for c, keys in by_chunk.items() if dump_of[c] == dump_id}
+                new = self.store.request_repair(table, key_columns, dump_id, mine)
+                if new:
+                    log.info(
+                        "%s: %d keys Delta holds were missing from chunks %s of dump %d;"
+                        " dump %s reads them again and deletes those the source lacks",
+                        table,
+                        sum(len(k) for k in mine.values()),
+                        sorted(mine),
+                        dump_id,
+                        ", ".join(map(str, new)),
+                    )
+                created.extend(new)
+        return created
 
 
 def _outlines(rows: DataFrame) -> tuple[list[Footer], list[tuple[int, ChunkRef]]]:
@@ -312,7 +356,7 @@ def _start_delta_query(
     delta = DeltaSink(spark, config.delta, schemas, app_id, describer.describe, token)
     cleanup.callback(delta.close)
     delta.fence()  # a deposed leader's batch, even one under way, now commits nothing
-    committer = BatchCommitter(delta, barrier, store, spool)
+    committer = BatchCommitter(delta, barrier, store, spool, lake=delta)
     committer.spark = spark
     endpoint = {k: v for k, v in config.spark.conf.items() if k == S3_ENDPOINT}  # no secrets
     query = (

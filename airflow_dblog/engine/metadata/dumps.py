@@ -7,8 +7,9 @@ chunk starts in a dump that was just cancelled or paused.
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -17,6 +18,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from airflow_dblog.config import DumpSettings
+from airflow_dblog.core.keys import MAX_KEYS_PER_CHUNK
+from airflow_dblog.engine import repairs
 from airflow_dblog.engine.metadata.database import MetadataDatabase, utcnow
 from airflow_dblog.engine.metadata.models import FINAL_DUMP_STATES, Chunk, Dump, DumpTable
 from airflow_dblog.errors import MetadataError
@@ -161,6 +164,80 @@ class DumpsAndChunks(MetadataDatabase):
                 for seq, keys in enumerate(plan.key_chunks or []):
                     s.add(_new_chunk(dump.id, plan.table, seq, keys=keys))
             return dump.id
+
+    def request_repair(
+        self,
+        table: str,
+        key_columns: Sequence[str],
+        dump_id: int,
+        keys_by_chunk: Mapping[int, Sequence[list[Any]]],
+        chunk_size: int = MAX_KEYS_PER_CHUNK,
+    ) -> list[int]:
+        """Dump the keys Delta holds that chunks of ``dump_id`` found the source lacking, once
+        per chunk (:mod:`~airflow_dblog.engine.repairs`): chunks an earlier request already
+        names are left out, so a replayed batch asks for nothing twice, and so are chunks of a
+        cancelled dump. Returns the new dumps.
+
+        The follow-up belongs to the stream of ``dump_id``; the check and the creation share
+        one transaction, under the stream's fence.
+        """
+        created: list[int] = []
+        per_chunk = max(1, min(chunk_size, MAX_KEYS_PER_CHUNK))
+        with self.session() as s:
+            repaired = s.get(Dump, dump_id)
+            if repaired is None:
+                raise MetadataError(f"no dump with id {dump_id}", "list dumps with: dblog status")
+            stream = repaired.stream
+            named: set[int] = set()
+            query = select(Dump.requested_by).where(
+                Dump.stream == stream, Dump.kind == "keys", Dump.requested_by.like("dblog repair%")
+            )
+            for text in s.scalars(query):
+                named |= repairs.repaired_chunks(text, dump_id)
+            # a cancelled dump's chunk that closed anyway is not completed: it deletes nothing
+            named |= set(
+                s.scalars(
+                    select(Chunk.id).where(
+                        Chunk.id.in_(list(keys_by_chunk)), Chunk.state == "cancelled"
+                    )
+                )
+            )
+            wanted = [c for c in keys_by_chunk if c not in named and keys_by_chunk[c]]
+            for group in repairs.groups(dump_id, wanted):
+                unique: dict[str, list[Any]] = {}
+                for chunk_id in group:
+                    for key in keys_by_chunk[chunk_id]:
+                        unique.setdefault(json.dumps(key, sort_keys=True), list(key))
+                keys = list(unique.values())
+                now = utcnow()
+                dump = Dump(
+                    stream=stream,
+                    kind="keys",
+                    tables=[table],
+                    requested_by=repairs.requested_by(dump_id, group),
+                    state="pending",
+                    chunk_size=chunk_size,
+                    created_at=now,
+                    updated_at=now,
+                )
+                s.add(dump)
+                s.flush()
+                s.add(
+                    DumpTable(
+                        dump_id=dump.id,
+                        table_name=table,
+                        key_columns=list(key_columns),
+                        max_key=None,
+                        cursor=None,
+                        estimated_rows=len(keys),
+                        bounded=True,
+                        exhausted=True,
+                    )
+                )
+                for seq, i in enumerate(range(0, len(keys), per_chunk)):
+                    s.add(_new_chunk(dump.id, table, seq, keys=keys[i : i + per_chunk]))
+                created.append(dump.id)
+        return created
 
     def dump(self, dump_id: int) -> Dump:
         with self.session(writes=False) as s:
@@ -318,14 +395,18 @@ class DumpsAndChunks(MetadataDatabase):
             self._start(s, chunk, worker)
             return chunk
 
-    def set_table_bound(self, dump_table_id: int, max_key: list[Any] | None) -> DumpTable:
-        """Record a table's upper key bound (``None``: it is empty, nothing to cut)."""
+    def set_table_bound(
+        self, dump_table_id: int, max_key: list[Any] | None, position: str | None = None
+    ) -> DumpTable:
+        """Record a table's upper key bound (``None``: it is empty, nothing to cut) and the log
+        position the stream had read when it read the bound."""
         with self.session() as s:
             table = s.get(DumpTable, dump_table_id, with_for_update=True)
             if table is None:
                 raise MetadataError(f"no dumped table with id {dump_table_id}")
             if not table.bounded:
                 table.max_key, table.bounded, table.exhausted = max_key, True, max_key is None
+                table.bound_position = position
             return table
 
     def requeue_chunk(self, chunk_id: int) -> None:

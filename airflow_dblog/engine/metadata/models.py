@@ -54,6 +54,8 @@ class DumpTable(Base):
     key_columns: Mapped[list[str]] = mapped_column(JSON)
     max_key: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)  # None: table was empty
     bounded: Mapped[bool] = mapped_column(default=True)  # max_key read (by the stream)
+    # the log position the stream had read when it read max_key (None: before revision 0004)
+    bound_position: Mapped[str | None] = mapped_column(String(128), nullable=True)
     cursor: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)  # last key handed out
     estimated_rows: Mapped[int] = mapped_column(BigInteger, default=0)
     exhausted: Mapped[bool] = mapped_column(default=False)

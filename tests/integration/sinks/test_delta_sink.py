@@ -17,9 +17,16 @@ from airflow_dblog.config import DeltaSinkConfig
 from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.core.position import Position
 from airflow_dblog.engine import segment
+from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef, encode_rows
 from airflow_dblog.engine.event_text import EventText
 from airflow_dblog.errors import DblogError, FencedError
-from airflow_dblog.sinks.delta_sink import DeltaSink, FrameBatch, optimize, spark_type
+from airflow_dblog.sinks.delta_sink import (
+    DeltaSink,
+    FrameBatch,
+    optimize,
+    ordered_key,
+    spark_type,
+)
 from airflow_dblog.sources.base import Column, TableSchema
 
 pytestmark = pytest.mark.integration
@@ -412,6 +419,98 @@ def test_a_dumped_row_equal_to_the_live_row_is_not_written_again(sink: DeltaSink
         3: str(Position.mysql(1, 13)),
     }
     assert (state[2]["qty"], state[4]["_dblog_deleted"], state[5]["qty"]) == (5, False, 1)
+
+
+STOCK = TableId("shop", "stock")
+STOCK_SCHEMA = TableSchema(
+    STOCK,
+    (Column("id", "bigint", False), Column("day", "date", False), Column("v", "text", True)),
+    ("id", "day"),
+)
+DAY = dt.date(2024, 1, 1)
+NEXT = dt.date(2024, 1, 2)
+
+
+def _stock(op: str, id_: int, day: dt.date, offset: int) -> ChangeEvent:
+    row = {"id": id_, "day": day, "v": f"v{offset}"}
+    return ChangeEvent(
+        STOCK,
+        op,  # type: ignore[arg-type]
+        (id_, day),
+        Position.mysql(1, offset),
+        before=row if op == "d" else None,
+        after=None if op == "d" else row,
+        ts_ms=NOW_MS + offset,
+    )
+
+
+def _chunk_file(files: ChunkFiles, chunk_id: int, keys: list[tuple[int, dt.date]]) -> str:
+    folder = ChunkFiles.new_folder(chunk_id)
+    rows = [((i, d), {"id": i, "day": d, "v": "dumped"}) for i, d in keys]
+    files.write(folder, encode_rows(chunk_id, rows)[0])
+    return folder
+
+
+def test_the_keys_delta_holds_that_range_chunks_lacked_are_exactly_the_stale_live_ones_in_range(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Live, inside the covered range (composite keys compared as rows; the first chunk open
+    below, the last above its bound for keys last changed before the bound was read), last
+    changed before the window began, and not among the chunk's rows: nothing else."""
+    sink = DeltaSink(spark, DeltaSinkConfig(str(tmp_path / "delta")), {STOCK: STOCK_SCHEMA}, "t")
+    events = [
+        _stock("c", 1, DAY, 10),  # A: extra
+        _stock("c", 2, DAY, 10),  # A: in its file
+        _stock("c", 3, DAY, 10),  # A: in its file (as a row its window dropped)
+        _stock("c", 0, DAY, 10),
+        _stock("d", 0, DAY, 11),  # A: a tombstone
+        _stock("c", -5, DAY, 150),  # A: changed after its window began
+        _stock("c", 3, NEXT, 10),  # B (above (3, DAY)): extra
+        _stock("c", 5, DAY, 250),  # B: changed after its window began
+        _stock("c", 6, DAY, 20),  # B: its upper end: extra
+        _stock("c", 7, DAY, 20),  # C's lower end, excluded; B is not the last: in no range
+        _stock("c", 8, DAY, 20),  # C: in its file
+        _stock("c", 9, DAY, 20),  # C: extra
+        _stock("c", 12, DAY, 20),  # above C's bound, before the bound was read: extra
+        _stock("c", 13, DAY, 60),  # above the bound, after it was read: the log's
+    ]
+    _write(sink, 1, events)
+    files = ChunkFiles(str(tmp_path / "chunks"))
+    at = lambda offset: str(Position.mysql(1, offset))  # noqa: E731
+    base = dict(table=str(STOCK), dump_id=4, position=at(400), first=0, drops=(), ts_ms=1)
+    day = DAY.isoformat()
+    a = ChunkRef(
+        chunk_id=21, folder=_chunk_file(files, 21, [(2, DAY), (3, DAY)]), selected=2,
+        low=at(100), covers=[None, [3, day]], **base,  # type: ignore[arg-type]
+    )  # fmt: skip
+    b = ChunkRef(
+        chunk_id=22, folder="", selected=0, low=at(200), covers=[[3, day], [6, day]],
+        **base,  # type: ignore[arg-type]
+    )  # fmt: skip
+    c = ChunkRef(
+        chunk_id=23, folder=_chunk_file(files, 23, [(8, DAY)]), selected=1, low=at(300),
+        covers=[[7, day], [9, day]], beyond=at(50), **base,  # type: ignore[arg-type]
+    )  # fmt: skip
+    key_list = ChunkRef(chunk_id=24, folder="", selected=0, **base)  # type: ignore[arg-type]
+    old = dataclasses.replace(a, chunk_id=25, low="")  # a record from before ranges were kept
+    found = sink.extra_keys([a, b, c, key_list, old], files)
+    assert {t: {c: sorted(k) for c, k in by.items()} for t, by in found.items()} == {
+        str(STOCK): {
+            21: [[1, "2024-01-01"]],
+            22: [[3, "2024-01-02"], [6, "2024-01-01"]],
+            23: [[9, "2024-01-01"], [12, "2024-01-01"]],
+        }
+    }
+    assert sink.extra_keys([key_list, old], files) == {}
+
+
+def test_a_key_spark_and_the_source_may_order_differently_is_not_checked(spark: Any) -> None:
+    assert ordered_key(STOCK_SCHEMA)
+    assert not ordered_key(SCHEMA)  # (int, varchar): the source's collation decides
+    decimal_key = TableSchema(TABLE, (Column("n", "numeric(12,2)", False),), ("n",))
+    assert ordered_key(decimal_key)
+    timestamp_key = TableSchema(TABLE, (Column("t", "timestamp", False),), ("t",))
+    assert not ordered_key(timestamp_key)
 
 
 def test_a_batch_of_dumped_rows_and_log_rows_commits_them_apart(sink: DeltaSink) -> None:

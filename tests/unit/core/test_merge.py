@@ -149,7 +149,7 @@ def test_log_events_are_emitted_immediately_and_watermarks_and_heartbeats_never(
     m.rows_ready(1, 0, "no file")
     # an empty chunk still closes: one DumpedRows with nothing to expand
     assert m.feed(wm("H", 4)) == [
-        DumpedRows(1, 1, T, 0, pos(4), 0, frozenset({(1,)}), "no file", e.ts_ms)
+        DumpedRows(1, 1, T, 0, pos(4), 0, frozenset({(1,)}), "no file", e.ts_ms, low=pos(1))
     ]
     assert m.open_count() == 0 and m.open_ids() == set()
 
@@ -814,3 +814,51 @@ def test_dumped_rows_carry_the_select_time_or_the_log_time():
     )
     assert [(e.op, e.ts_ms) for e in out] == [("u", 777), ("r", 1234), ("r", 777)]
     assert [d.ts_ms for d in m.pop_dumped()] == [1234, 777]
+
+
+# ---------------------------------------------------------------- where a window began (low)
+
+
+def test_a_table_window_begins_at_its_low_watermark_whenever_it_was_registered():
+    m = WatermarkMerge()
+    m.feed(ev(1, 1))
+    m.open_chunk(1, 1, T, TableWindow("L", "H"))
+    m.feed(ev(2, 2))  # before the LW: seen by the SELECT
+    m.feed(wm("L", 3))
+    m.feed(ev(3, 4))
+    m.rows_ready(1, 0)
+    [d] = m.feed(wm("H", 5))
+    assert isinstance(d, DumpedRows) and d.low == pos(3)
+
+
+def test_a_read_only_window_begins_where_the_log_stood_at_registration():
+    """Just after the last item fed: the SELECT saw that change (else the window judged it
+    missed), so a key the lake holds at exactly its position counts as before the window."""
+    m = WatermarkMerge()
+    m.feed(ev(1, 10))
+    m.feed(ev(1, 20, table=OTHER))
+    m.open_chunk(1, 1, T, PositionWindow(pos(20), pos(30)))
+    m.rows_ready(1, 0)
+    m.feed(ev(2, 25))
+    [d, _] = m.feed(ev(3, 30))
+    assert isinstance(d, DumpedRows) and d.low is not None
+    assert pos(20) < d.low < pos(21) and str(pos(20)) < str(d.low) < str(pos(21))
+    assert pos(20).dumped_row(10**6) < d.low
+
+
+def test_a_window_registered_late_begins_at_the_earliest_change_it_judged_missed():
+    snap = XidSnapshot(100, 103, frozenset({101}))
+    m = WatermarkMerge()
+    feed_all(m, [pev(1, 10, 99), pev(2, 20, 101), pev(3, 30, 102), pev(4, 40, 99, table=OTHER)])
+    m.open_chunk(1, 1, T, HighWatermarkWindow("H", snap))
+    m.rows_ready(1, 0)
+    [d] = m.feed(WatermarkEvent("s", "H", pg(50)))
+    assert isinstance(d, DumpedRows) and d.low == pg(20)  # not 40, where the log stood
+
+
+def test_a_window_registered_before_any_log_item_has_no_known_beginning():
+    m = WatermarkMerge()
+    m.open_chunk(1, 1, T, PositionWindow(pos(20), pos(30)))
+    m.rows_ready(1, 0)
+    [d] = m.feed(Heartbeat(pos(30)))
+    assert isinstance(d, DumpedRows) and d.low is None

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from airflow_dblog.config import Config
-from airflow_dblog.core.events import ChangeEvent, TableId, WatermarkEvent
+from airflow_dblog.core.events import ChangeEvent, LogItem, TableId, WatermarkEvent
+from airflow_dblog.engine.capture import Published
+from airflow_dblog.engine.chunk_file import ChunkRef
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.planner import plan_dump
 from tests.support.fake_source import FakeChangelogReader, FakeDatabase, FakeSource, fake_config
@@ -233,3 +235,36 @@ def test_a_dump_of_keys_the_source_lacks_deletes_them_after_the_rows_it_found(
     assert [e.before for e in dumped[1:]] == [{"id": 3}, {"id": 4}]
     assert sink.rows(items) == fake_db.rows(items) == {(1,): {"id": 1, "v": "a"}}
     assert meta.progress(dump_id).rows_emitted == 3
+
+
+def test_a_range_chunks_reference_carries_its_window_start_and_the_keys_it_covered(
+    fake_db: FakeDatabase, items: TableId, meta: MetadataStore, tmp_path: Path
+) -> None:
+    """What Delta needs to find the keys it holds that the source lacks: the low watermark's
+    position, the chunk's range (the first open below) and, for the last chunk, the position
+    below which a key above the bound was not in the source either."""
+    config = fake_config(fake_db, [items], tmp_path, chunk_size=3)
+    refs: list[ChunkRef] = []
+
+    class Recording(MemoryCapture):
+        def _publish(self, output: list[Published], log: list[LogItem]) -> None:
+            refs.extend(o for o in output if isinstance(o, ChunkRef))
+            super()._publish(output, log)
+
+    capture = Recording(
+        config, meta, FakeSource(fake_db.url), FakeChangelogReader(fake_db), [MemorySink()]
+    )
+    fake_db.insert(items, *({"id": i, "v": f"v{i}"} for i in range(1, 6)))
+    _drain(capture, fake_db)  # the stream has read the inserts when the bound is read
+    dump_id = plan_dump(config, meta)
+    _run_until(capture, lambda: meta.progress(dump_id).state == "done")
+    capture.close()
+    lows = [i.position for i in fake_db.log if isinstance(i, WatermarkEvent)][0::2]
+    assert [(r.low, r.covers) for r in refs] == [
+        (str(lows[0]), [None, [3]]),
+        (str(lows[1]), [[3], [5]]),
+    ]
+    (table,) = meta.dump_tables(dump_id)
+    assert table.bound_position is not None and table.bound_position < refs[1].low
+    assert (refs[0].beyond, refs[1].beyond) == ("", table.bound_position)
+    assert all(r.checks_extras for r in refs)

@@ -13,7 +13,7 @@ import pytest
 from airflow_dblog.core.events import ChangeEvent, LogItem, TableId, WatermarkEvent
 from airflow_dblog.core.merge import DumpedRows, WatermarkMerge
 from airflow_dblog.engine.chunk_executor import ChunkExecutor
-from airflow_dblog.engine.chunk_file import ChunkFiles
+from airflow_dblog.engine.chunk_file import ChunkFiles, Covered
 from airflow_dblog.engine.chunk_runner import ThreadChunkRunner
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.planner import plan_dump
@@ -137,6 +137,36 @@ def test_a_page_filled_before_its_upper_key_leaves_the_rest_of_the_range_to_a_ne
     first, rest = meta.chunks(chunk.dump_id)
     assert (first.lower_key, first.upper_key, first.state) == (None, [3], "selected")
     assert (rest.lower_key, rest.upper_key, rest.state) == ([3], [6], "pending")
+
+
+def test_each_range_chunk_covers_its_keys_the_first_from_below_and_the_last_above_its_bound(
+    fake_db: FakeDatabase, meta: MetadataStore, executor: ChunkExecutor, tmp_path: Path
+) -> None:
+    """What the lake's extra keys are looked for in: (lower, upper], where a page that filled
+    early ends at its last row, the first chunk has no lower end and the last reaches above the
+    bound (for keys the lake last changed before the bound was read)."""
+    reader = FakeChangelogReader(fake_db)
+    table = fake_db.create_table("gaps", {"id": "int"})
+    fake_db.insert(table, *({"id": i} for i in (2, 4, 6, 8, 10)))
+    _feed(executor, reader)  # the log read so far: where the bound is read
+    read = executor.merge.last_position
+    dump_id = _dump(fake_db, meta, tmp_path)
+    covers = []
+    for inserted in ((1, 3), (), (), ()):
+        chunk = executor.claim(3)
+        if chunk is None:
+            break
+        fake_db.insert(table, *({"id": i} for i in inserted))  # the first page ends at 3
+        executor.start(chunk, 3)
+        _poll_until_done(executor)
+        (dumped,) = [o for o in _feed(executor, reader) if isinstance(o, DumpedRows)]
+        covers.append(dumped.rows.covers)
+    assert read is not None and meta.dump_tables(dump_id)[0].bound_position == str(read)
+    assert covers == [
+        Covered(None, [3]),  # filled early: up to its last row; from the table's first key
+        Covered([3], [6]),  # the rest of the first cut
+        Covered([6], [10], last=True, bound_position=str(read)),
+    ]
 
 
 def test_a_key_list_chunk_selects_only_the_keys_that_still_exist(

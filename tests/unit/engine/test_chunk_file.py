@@ -311,6 +311,20 @@ def test_folders_of_a_location_never_written_is_empty(tmp_path: Path) -> None:
 # ChunkRef: the spool's record, the positions of the rows, the events they become
 
 
+def test_a_range_chunks_reference_keeps_its_window_start_and_covered_keys() -> None:
+    low = str(Position.mysql(1, 40))
+    ref = ChunkRef(
+        "db.t", 5, 2, "f", str(BASE), 0, 4, (), 1700, [1, 9],
+        low=low, covers=[None, [9, "z"]], beyond=low,
+    )  # fmt: skip
+    back = ChunkRef.from_record(json.loads(ref.record()))
+    assert back == ref and back.checks_extras
+    assert (back.low, back.covers, back.beyond) == (low, [None, [9, "z"]], low)
+    key_list = dataclasses.replace(ref, covers=None, low="", beyond="")
+    assert not key_list.checks_extras
+    assert not dataclasses.replace(ref, low="").checks_extras  # window start unknown
+
+
 def test_a_reference_is_one_spool_record_and_back() -> None:
     ref = ChunkRef(
         "db.t", 5, 2, "000000000005-abc", str(BASE), 10, 4, (0, 3), 1700, [1, 9], {"x": 1}
@@ -331,10 +345,17 @@ def test_a_reference_is_one_spool_record_and_back() -> None:
         "ts_ms": 1700,
         "key_span": [1, 9],
         "deleted": 0,
+        "low": "",
+        "covers": None,
+        "beyond": "",
     }
-    # a record written before chunks counted their deletes reads as none
-    older = {k: v for k, v in json.loads(record).items() if k != "deleted"}
-    assert ChunkRef.from_record(older) == ref
+    # a record written before chunks counted their deletes (or their range) reads as none
+    older = {
+        k: v
+        for k, v in json.loads(record).items()
+        if k not in ("deleted", "low", "covers", "beyond")
+    }
+    assert ChunkRef.from_record(older) == ref and not ChunkRef.from_record(older).checks_extras
     plain = ChunkRef("db.t", 6, 2, "", str(BASE), 0, 0, (), 1700)
     assert ChunkRef.from_record(json.loads(plain.record())) == plain and plain.key_span is None
     assert (ref.emitted, plain.emitted) == (2, 0)

@@ -54,9 +54,9 @@ def _bounded_dump(
 
 
 def test_migrations_apply_once_and_are_idempotent(store: MetadataStore) -> None:
-    assert store.revision() == "0003"
+    assert store.revision() == "0004"
     store.upgrade()
-    assert store.revision() == "0003"
+    assert store.revision() == "0004"
 
 
 def test_processes_starting_together_migrate_a_new_database_once(
@@ -81,7 +81,7 @@ def test_processes_starting_together_migrate_a_new_database_once(
 
     with ThreadPoolExecutor(len(stores)) as pool:
         revisions = list(pool.map(upgrade, stores))
-    assert revisions == ["0003"] * len(stores)
+    assert revisions == ["0004"] * len(stores)
     for store in stores:
         store.engine.dispose()
 
@@ -104,7 +104,7 @@ def test_0003_keeps_stream_state_and_adds_the_source_time(tmp_path: Path) -> Non
         )
     old.engine.dispose()
     store = MetadataStore(f"sqlite:///{tmp_path}/old.db")
-    assert store.revision() == "0003"
+    assert store.revision() == "0004"
     state = store.stream_state("s")
     assert state is not None and (state.position, state.source_ts_ms) == ("p", None)
     store.save_stream_state("s", source_ts_ms=1_700_000_000_123)
@@ -119,9 +119,11 @@ def test_a_range_dump_waits_for_the_stream_to_read_its_bound(store: MetadataStor
     assert (table.bounded, table.exhausted, table.max_key) == (False, False, None)
     store.finish_empty_dumps("s")
     assert store.progress(dump_id).state == "pending"  # not "done": nothing was read yet
-    bound = store.set_table_bound(table.id, [42])
+    bound = store.set_table_bound(table.id, [42], "p42")
     assert (bound.bounded, bound.exhausted, bound.max_key) == (True, False, [42])
-    assert store.set_table_bound(table.id, [99]).max_key == [42]  # read once
+    assert bound.bound_position == "p42"  # where the log stood: the last chunk judges by it
+    again = store.set_table_bound(table.id, [99], "p99")
+    assert (again.max_key, again.bound_position) == ([42], "p42")  # read once
     chunk = store.cut_range_chunk(table.id, None, None, "w1")
     assert chunk is not None and chunk.upper_key == [42]
     store.requeue_chunk(chunk.id)
