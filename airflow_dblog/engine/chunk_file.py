@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from airflow_dblog.core.merge import Key, Rows
+
+log = logging.getLogger(__name__)
 
 SPARK_DDL = "chunk_id BIGINT, idx BIGINT, key STRING, mkey STRING, after STRING"
 POSITION_DIGITS = 20  # one coordinate of a position's text (core/position.py)
@@ -341,9 +344,21 @@ class ChunkFiles:
             self.fs.delete_dir(self._path(folder))
 
     def delete_except(self, keep: Iterable[str]) -> int:
-        """Delete every folder not in ``keep`` (chunks selected before a crash, never closed)."""
+        """Delete every folder not in ``keep`` (chunks selected before a crash, never closed);
+        returns how many went.
+
+        A task of the crashed run may still be writing into its folder (a cluster's executors
+        outlive their driver for a while), and a store with real directories then refuses to
+        delete it. Such a folder is left for the next start: each selection of a chunk writes
+        a folder of its own, so nothing reads it again.
+        """
         kept = set(keep)
-        stale = [f for f in self.folders() if f not in kept]
-        for folder in stale:
-            self.delete(folder)
-        return len(stale)
+        deleted = 0
+        for folder in (f for f in self.folders() if f not in kept):
+            try:
+                self.delete(folder)
+            except OSError as err:
+                log.warning("chunk files %s left for the next start: %s", folder, err)
+                continue
+            deleted += 1
+        return deleted

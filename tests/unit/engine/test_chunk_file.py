@@ -303,6 +303,26 @@ def test_delete_and_delete_except_leave_what_is_kept(files: ChunkFiles) -> None:
     assert files.delete_except([]) == 2 and files.folders() == []
 
 
+def test_a_stale_folder_still_being_written_is_left_for_the_next_start(
+    files: ChunkFiles, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A task of the killed run still writing its chunk file: an S3 store with directories
+    refuses the delete ("Directory object not empty"); the restart goes on without it."""
+    busy, _ = (_write(files, _rows([i]), chunk_id=i) for i in (1, 2))
+    delete = files.delete
+
+    def refuse(folder: str) -> None:
+        if folder == busy:
+            raise OSError(f"when deleting {folder}/_temporary/: Directory object not empty")
+        delete(folder)
+
+    monkeypatch.setattr(files, "delete", refuse)
+    assert files.delete_except([]) == 1
+    assert files.folders() == [busy] and busy in caplog.text
+    monkeypatch.setattr(files, "delete", delete)  # the task ended: the next start deletes it
+    assert files.delete_except([]) == 1 and files.folders() == []
+
+
 def test_folders_of_a_location_never_written_is_empty(tmp_path: Path) -> None:
     assert ChunkFiles(str(tmp_path / "nowhere" / "chunks")).folders() == []
 
