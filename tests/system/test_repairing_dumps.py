@@ -2,14 +2,20 @@
 
 The lake drifts where the log cannot see it: on MariaDB, writes with ``sql_log_bin = 0``; on
 PostgreSQL (whose WAL carries every write), rows changed or added in the Delta table by hand.
-A second full dump then writes to Delta exactly the rows that differ (an equal row gets no
-update and no change-feed row) and Kafka every row, as Debezium's snapshots do; a dump of keys
-the source lacks deletes them in Delta (tombstones) and in Kafka (a delete and a tombstone).
-Afterwards Delta equals the source and a read_committed consumer of the topic rebuilds it.
+One stream carries two tables. In the loads' table, keyed ``(a int, b text)``, a second full dump
+writes to Delta exactly the rows that differ (an equal row gets no update and no change-feed row)
+and Kafka every row, as Debezium's snapshots do; a dump of keys the source lacks deletes them in
+Delta (tombstones) and in Kafka (a delete and a tombstone). In ``ranged``, keyed by an integer,
+the same full dump finds the keys Delta holds in its chunks' ranges that the source lost (the
+first key, one inside and the largest on MariaDB; on PostgreSQL rows added below the smallest
+key, above the largest and in a deleted key's place) and asks for a key-list dump of them, which
+deletes them in log order. Afterwards Delta equals the source and a read_committed consumer of
+each topic rebuilds it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +26,7 @@ import pytest
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import Config, load_config
 from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.repairs import repaired_chunks
 from tests.support.oracle import (
     SENTINEL,
     Rows,
@@ -34,6 +41,8 @@ from tests.support.services import read_committed_until
 from tests.support.stream_process import Stream, until, write_config
 from tests.support.workload import Db, db_for, execute, key_of, load, source_rows
 
+RangedRows = dict[int, tuple[int, str]]
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROWS = 600
@@ -42,6 +51,7 @@ DRIFTED = [7, 70, 140, 300, 450, 599]  # 1% of the rows
 # rows the source lost without the log (MariaDB), or rows Delta gained by hand (PostgreSQL)
 GONE = {"mysql": [11, 222], "postgres": [ROWS + 100, ROWS + 200]}
 NEVER = 9_999  # a key no one ever wrote
+RANGED_SENTINEL = 999_999
 
 
 def _dump(
@@ -105,8 +115,119 @@ def _dump_writes(spark: Any, path: str, after_version: int) -> set[tuple[Any, ..
     return {(r["a"], r["b"]) for r in feed}
 
 
+def _create_ranged(db: Db) -> None:
+    text = "varchar(32)" if db.kind == "mysql" else "text"
+    execute(db, f"CREATE TABLE {db.quoted()} (a int PRIMARY KEY, v int NOT NULL, note {text})")
+    if db.kind == "postgres":
+        execute(db, f"ALTER TABLE {db.quoted()} REPLICA IDENTITY FULL")
+    rows = [(a, a, "seed") for a in range(ROWS)]
+    execute(db, f"INSERT INTO {db.quoted()} VALUES (%s, %s, %s)", rows)
+
+
+def _ranged_source(db: Db) -> RangedRows:
+    conn = db.connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT a, v, note FROM {db.quoted()}")
+            return {a: (v, note) for a, v, note in cur.fetchall()}
+    finally:
+        conn.close()
+
+
+def _ranged_lake(spark: Any, path: str) -> RangedRows:
+    if delta_version(path) < 0:
+        return {}
+    rows = spark.read.format("delta").load(path).where("NOT _dblog_deleted").collect()
+    return {r["a"]: (r["v"], r["note"]) for r in rows}
+
+
+def _ranged_caught_up(spark: Any, db: Db, path: str, stream: Stream) -> RangedRows:
+    """``ranged``'s live rows in Delta once a sentinel row inserted and deleted now has come
+    and gone."""
+    sentinel = RANGED_SENTINEL
+    execute(db, f"INSERT INTO {db.quoted()} VALUES (%s, 0, 'sentinel')", (sentinel,))
+    until("the sentinel in Delta", lambda: sentinel in _ranged_lake(spark, path), 300, stream)
+    execute(db, f"DELETE FROM {db.quoted()} WHERE a = %s", (sentinel,))
+    gone = lambda: sentinel not in _ranged_lake(spark, path)  # noqa: E731
+    until("the sentinel gone from Delta", gone, 300, stream)
+    return _ranged_lake(spark, path)
+
+
+def _ranged_drift(spark: Any, db: Db, path: str, stream: Stream) -> list[int]:
+    """Keys Delta holds live that the source lacks, made where the log cannot see it."""
+    if db.kind == "mysql":
+        gone = [0, 250, ROWS - 1]  # the first key, one inside, the largest
+        _without_log(db, f"DELETE FROM {db.quoted()} WHERE a IN ({', '.join(map(str, gone))})")
+        return gone
+    execute(db, f"DELETE FROM {db.quoted()} WHERE a = 300")  # logged: a tombstone in Delta
+    until("key 300's tombstone", lambda: 300 not in _ranged_lake(spark, path), 300, stream)
+    table = f"delta.`{path}`"
+    for a in (-10, ROWS + 400):  # below the smallest key, above the largest
+        spark.sql(
+            f"INSERT INTO {table} (a, v, note, _dblog_position, _dblog_op, _dblog_deleted,"
+            f" _dblog_ts) VALUES ({a}, 1, 'by hand', '0', 'c', false, current_timestamp())"
+        )
+    spark.sql(f"UPDATE {table} SET _dblog_deleted = false, v = 1, note = 'by hand' WHERE a = 300")
+    return [-10, 300, ROWS + 400]
+
+
+def _deletes_in_feed(spark: Any, path: str, after_version: int) -> set[int]:
+    feed = (
+        spark.read.format("delta")
+        .option("readChangeFeed", "true")
+        .option("startingVersion", after_version + 1)
+        .load(path)
+        .where("_change_type = 'update_postimage' AND _dblog_deleted")
+        .collect()
+    )
+    return {r["a"] for r in feed}
+
+
+def _check_ranged_topic(config: Config, db: Db, gone: list[int]) -> None:
+    """A read_committed consumer rebuilds ``ranged``; each lost key ends in a delete and a
+    tombstone (on PostgreSQL Kafka never saw the rows made by hand: it gets their delete)."""
+    assert config.kafka is not None
+    topic = f"{config.kafka.topic_prefix}.{db.table().db}.{db.table().table}"
+    sentinel = {"a": RANGED_SENTINEL}
+    messages = read_committed_until(  # until the second sentinel's delete is in
+        config.kafka.bootstrap_servers,
+        topic,
+        lambda m: sum(k == sentinel and v is not None and v["op"] == "d" for k, v in m) == 2,
+    )
+    state: dict[int, tuple[int, str] | None] = {}
+    last: dict[int, tuple[str, bool]] = {}  # per key: its last event's op, and a tombstone after
+    for key, value in messages:
+        a = key["a"]
+        if value is None:
+            assert state.get(a) is None, f"a tombstone for {a} without its delete"
+            last[a] = (last[a][0], True)
+            continue
+        after = value["after"]
+        state[a] = None if value["op"] == "d" else (after["v"], after["note"])
+        last[a] = (value["op"], False)
+    assert {a: row for a, row in state.items() if row is not None} == _ranged_source(db)
+    for a in gone:
+        assert last[a] == ("d", True), (a, [v for k, v in messages if k == {"a": a}])
+
+
+def _check_follow_ups(
+    store: MetadataStore, config: Config, dump_id: int, stream: Stream
+) -> list[Any]:
+    """The key-list dumps ``dump_id``'s batches asked for: each names its chunks, none twice;
+    returns them once done. A chunk completes after its batch asked, so all exist by now."""
+    repairs = [d for d in store.dumps(config.name) if d.id > dump_id]
+    assert repairs and all(
+        d.kind == "keys" and repaired_chunks(d.requested_by, dump_id) for d in repairs
+    ), [(d.id, d.kind, d.requested_by) for d in repairs]
+    named = [c for d in repairs for c in repaired_chunks(d.requested_by, dump_id)]
+    assert len(named) == len(set(named))  # no chunk asked for twice
+    done = lambda: all(store.progress(d.id).state == "done" for d in repairs)  # noqa: E731
+    until("the follow-up dumps", done, 300, stream)
+    return repairs
+
+
 @pytest.mark.parametrize("kind", ["mysql", "postgres"])
-def test_a_redump_writes_only_what_differs_and_a_key_dump_deletes_what_the_source_lacks(
+def test_a_redump_writes_what_differs_and_deletes_what_the_source_lost_as_does_a_key_dump(
     request: pytest.FixtureRequest,
     tmp_path: Path,
     spark: Any,
@@ -116,30 +237,50 @@ def test_a_redump_writes_only_what_differs_and_a_key_dump_deletes_what_the_sourc
 ) -> None:
     db = db_for(request, kind)
     load(db, rows=ROWS)
-    config_path = write_config(db, tmp_path, chunk_size=200, kafka=kafka_server.bootstrap_servers)
+    ranged = dataclasses.replace(db, name="ranged")
+    _create_ranged(ranged)
+    tables = [str(db.table()), str(ranged.table())]
+    config_path = write_config(
+        db, tmp_path, chunk_size=200, kafka=kafka_server.bootstrap_servers, tables=tables
+    )
     config = load_config(config_path)
     store = MetadataStore(config.metadata_url)
     stream = stream_factory(config_path)
     stream.start()
     stream.wait_capturing()
-    path = delta_path(config, db.table())
+    path, ranged_path = delta_path(config, db.table()), delta_path(config, ranged.table())
 
-    _dump(config_path, store, config, stream, "--all")
+    first = _dump(config_path, store, config, stream, "--all")
     _caught_up(spark, db, config, stream)
+    assert _ranged_caught_up(spark, ranged, ranged_path, stream) == _ranged_source(ranged)
+    assert [d.id for d in store.dumps(config.name)] == [first]  # nothing was extra
+
     _drift(spark, db, path)
-    before = delta_version(path)
-    _dump(config_path, store, config, stream, "--all")
+    gone_ranged = _ranged_drift(spark, ranged, ranged_path, stream)
+    lake = _ranged_lake(spark, ranged_path)
+    assert set(gone_ranged) <= set(lake) and not set(gone_ranged) & set(_ranged_source(ranged))
+    before, ranged_before = delta_version(path), delta_version(ranged_path)
+    dump_id = _dump(config_path, store, config, stream, "--all")
     _caught_up(spark, db, config, stream)
     assert _dump_writes(spark, path, before) == {key_of(a) for a in DRIFTED}
+    # (a int, b text) has no key order Spark and the source agree on: only ``ranged`` is checked
+    repairs = _check_follow_ups(store, config, dump_id, stream)
+    assert {d.tables[0] for d in repairs} == {str(ranged.table())}
+    # each key read again and found missing: a delete each, and no row
+    asked = sorted(k[0] for d in repairs for c in store.chunks(d.id) for k in c.keys or [])
+    assert asked == sorted(gone_ranged), [(d.id, d.requested_by) for d in repairs]
+    assert sum(store.progress(d.id).rows_emitted for d in repairs) == len(gone_ranged)
+    assert _ranged_caught_up(spark, ranged, ranged_path, stream) == _ranged_source(ranged)
+    assert _deletes_in_feed(spark, ranged_path, ranged_before) >= set(gone_ranged)
 
     gone = GONE[kind]
     named = [json.dumps(list(key_of(a))) for a in [*gone, NEVER, 1]]
-    dump_id = _dump(config_path, store, config, stream, "--table", str(db.table()),
-                    *(arg for key in named for arg in ("--pk", key)))  # fmt: skip
-    lake = _caught_up(spark, db, config, stream)
+    key_dump = _dump(config_path, store, config, stream, "--table", str(db.table()),
+                     *(arg for key in named for arg in ("--pk", key)))  # fmt: skip
+    lake_rows = _caught_up(spark, db, config, stream)
     expected = source_rows(db)
-    assert_equal([(f"Delta {db.table()}", expected, lake)])
-    assert store.progress(dump_id).rows_emitted == 4  # key 1's row and three deletes
+    assert_equal([(f"Delta {db.table()}", expected, lake_rows)])
+    assert store.progress(key_dump).rows_emitted == 4  # key 1's row and three deletes
 
     assert config.kafka is not None
     topic = f"{config.kafka.topic_prefix}.{db.table().db}.{db.table().table}"
@@ -156,4 +297,5 @@ def test_a_redump_writes_only_what_differs_and_a_key_dump_deletes_what_the_sourc
         assert (last.op, last.deleted) == ("d", True), histories[key_of(a)]
     tombstones = [key for key, value in messages if value is None]
     assert {(k["a"], k["b"]) for k in tombstones} >= {key_of(a) for a in [*gone, NEVER]}
+    _check_ranged_topic(config, ranged, gone_ranged)
     assert stream.stop() == 0
