@@ -40,7 +40,7 @@ def _committer(tmp_path: Path, lake: _Lake) -> tuple[BatchCommitter, MetadataSto
     store = MetadataStore(f"sqlite:///{tmp_path}/meta.db")
     spool = SimpleNamespace(chunks=None)
     for _ in range(7):  # dumps 1-7 of stream "s", which the chunks below belong to
-        store.create_dump("s", "table", [])
+        store.create_dump("s", "tables", [])
     return BatchCommitter(lake, None, store, spool, lake=lake), store  # type: ignore[arg-type]
 
 
