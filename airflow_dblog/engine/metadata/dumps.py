@@ -132,38 +132,8 @@ class DumpsAndChunks(MetadataDatabase):
         chunk_size: int | None = None,
     ) -> int:
         """Write a dump, its tables and (for specific keys) its chunks in one transaction."""
-        now = utcnow()
         with self.session() as s:
-            dump = Dump(
-                stream=stream,
-                kind=kind,
-                tables=[p.table for p in plans],
-                requested_by=requested_by,
-                state="pending",
-                chunk_size=chunk_size,
-                created_at=now,
-                updated_at=now,
-            )
-            s.add(dump)
-            s.flush()
-            for plan in plans:
-                s.add(
-                    DumpTable(
-                        dump_id=dump.id,
-                        table_name=plan.table,
-                        key_columns=plan.key_columns,
-                        max_key=None,
-                        cursor=None,
-                        estimated_rows=plan.estimated_rows,
-                        # a range's bound is read by the stream once its log start is durable;
-                        # key lists have no range to cut
-                        bounded=plan.key_chunks is not None,
-                        exhausted=plan.key_chunks is not None,
-                    )
-                )
-                for seq, keys in enumerate(plan.key_chunks or []):
-                    s.add(_new_chunk(dump.id, plan.table, seq, keys=keys))
-            return dump.id
+            return _add_dump(s, stream, kind, plans, requested_by, chunk_size)
 
     def request_repair(
         self,
@@ -209,34 +179,10 @@ class DumpsAndChunks(MetadataDatabase):
                     for key in keys_by_chunk[chunk_id]:
                         unique.setdefault(json.dumps(key, sort_keys=True), list(key))
                 keys = list(unique.values())
-                now = utcnow()
-                dump = Dump(
-                    stream=stream,
-                    kind="keys",
-                    tables=[table],
-                    requested_by=repairs.requested_by(dump_id, group),
-                    state="pending",
-                    chunk_size=chunk_size,
-                    created_at=now,
-                    updated_at=now,
-                )
-                s.add(dump)
-                s.flush()
-                s.add(
-                    DumpTable(
-                        dump_id=dump.id,
-                        table_name=table,
-                        key_columns=list(key_columns),
-                        max_key=None,
-                        cursor=None,
-                        estimated_rows=len(keys),
-                        bounded=True,
-                        exhausted=True,
-                    )
-                )
-                for seq, i in enumerate(range(0, len(keys), per_chunk)):
-                    s.add(_new_chunk(dump.id, table, seq, keys=keys[i : i + per_chunk]))
-                created.append(dump.id)
+                cut = [keys[i : i + per_chunk] for i in range(0, len(keys), per_chunk)]
+                plan = TablePlan(table, list(key_columns), len(keys), cut)
+                by = repairs.requested_by(dump_id, group)
+                created.append(_add_dump(s, stream, "keys", [plan], by, chunk_size))
         return created
 
     def dump(self, dump_id: int) -> Dump:
@@ -558,6 +504,48 @@ def _new_chunk(
         rows_dropped=0,
         rows_emitted=0,
     )
+
+
+def _add_dump(
+    s: Session,
+    stream: str,
+    kind: str,
+    plans: Sequence[TablePlan],
+    requested_by: str,
+    chunk_size: int | None,
+) -> int:
+    """A new pending dump, its tables and (for specific keys) its chunks, in ``s``."""
+    now = utcnow()
+    dump = Dump(
+        stream=stream,
+        kind=kind,
+        tables=[p.table for p in plans],
+        requested_by=requested_by,
+        state="pending",
+        chunk_size=chunk_size,
+        created_at=now,
+        updated_at=now,
+    )
+    s.add(dump)
+    s.flush()
+    for plan in plans:
+        s.add(
+            DumpTable(
+                dump_id=dump.id,
+                table_name=plan.table,
+                key_columns=plan.key_columns,
+                max_key=None,
+                cursor=None,
+                estimated_rows=plan.estimated_rows,
+                # a range's bound is read by the stream once its log start is durable;
+                # key lists have no range to cut
+                bounded=plan.key_chunks is not None,
+                exhausted=plan.key_chunks is not None,
+            )
+        )
+        for seq, keys in enumerate(plan.key_chunks or []):
+            s.add(_new_chunk(dump.id, plan.table, seq, keys=keys))
+    return dump.id
 
 
 def _get_chunk(s: Session, chunk_id: int) -> Chunk:
