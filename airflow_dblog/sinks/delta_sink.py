@@ -108,6 +108,12 @@ def _fenced(table: TableId, write: str) -> FencedError:
     )
 
 
+def key_types(schema: TableSchema) -> list[DataType]:
+    """The Spark types of the table's key columns, in key order."""
+    columns = {c.name: c for c in schema.columns}
+    return [spark_type(columns[k]) for k in schema.key]
+
+
 def ordered_key(schema: TableSchema) -> bool:
     """Whether Spark orders the table's key as the source does, so that a chunk's key range
     means the same keys in Delta: integers, decimals and dates. Text sorts by the column's
@@ -115,11 +121,7 @@ def ordered_key(schema: TableSchema) -> bool:
     too (a key range of those is not checked for keys the source lacks)."""
     from pyspark.sql import types as T
 
-    columns = {c.name: c for c in schema.columns}
-    return all(
-        isinstance(spark_type(columns[k]), (T.LongType, T.DecimalType, T.DateType))
-        for k in schema.key
-    )
+    return all(isinstance(t, (T.LongType, T.DecimalType, T.DateType)) for t in key_types(schema))
 
 
 def _key_value(target: DataType, text: str) -> Any:
@@ -337,7 +339,7 @@ class DeltaSink:
         for k in schema.key:
             on = on & F.col(f"t.{quoted(k)}").eqNullSafe(F.col(f"s.{quoted(k)}"))
         if bounds is not None:
-            key_type = spark_type(next(c for c in schema.columns if c.name == schema.key[0]))
+            key_type = key_types(schema)[0]
             low, high = (_typed(key_type, F.lit(str(b))) for b in bounds)
             first = quoted(schema.key[0])
             if not target.toDF().where(F.col(first).between(low, high)).limit(1).count():
@@ -524,8 +526,7 @@ class DeltaSink:
                     table, sorted(r.chunk_id for r in checks),
                 )  # fmt: skip
                 continue
-            columns = {c.name: c for c in schema.columns}
-            types[name] = [spark_type(columns[k]) for k in schema.key]
+            types[name] = key_types(schema)
             parts.append(self._extras(name, schema, types[name], checks, files))
         if not parts:
             return {}
