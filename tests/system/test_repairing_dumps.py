@@ -102,17 +102,22 @@ def _drift(spark: Any, db: Db, path: str) -> None:
         )
 
 
-def _dump_writes(spark: Any, path: str, after_version: int) -> set[tuple[Any, ...]]:
-    """The keys whose dumped rows Delta's change feed shows after ``after_version``."""
-    feed = (
+def _feed_after(spark: Any, path: str, after_version: int, where: str) -> list[Any]:
+    """The change feed's rows matching ``where`` in the commits after ``after_version``."""
+    return (
         spark.read.format("delta")
         .option("readChangeFeed", "true")
         .option("startingVersion", after_version + 1)
         .load(path)
-        .where("_change_type IN ('insert', 'update_postimage') AND _dblog_op = 'r'")
+        .where(where)
         .collect()
     )
-    return {(r["a"], r["b"]) for r in feed}
+
+
+def _dump_writes(spark: Any, path: str, after_version: int) -> set[tuple[Any, ...]]:
+    """The keys whose dumped rows Delta's change feed shows after ``after_version``."""
+    written = "_change_type IN ('insert', 'update_postimage') AND _dblog_op = 'r'"
+    return {(r["a"], r["b"]) for r in _feed_after(spark, path, after_version, written)}
 
 
 def _create_ranged(db: Db) -> None:
@@ -172,15 +177,8 @@ def _ranged_drift(spark: Any, db: Db, path: str, stream: Stream) -> list[int]:
 
 
 def _deletes_in_feed(spark: Any, path: str, after_version: int) -> set[int]:
-    feed = (
-        spark.read.format("delta")
-        .option("readChangeFeed", "true")
-        .option("startingVersion", after_version + 1)
-        .load(path)
-        .where("_change_type = 'update_postimage' AND _dblog_deleted")
-        .collect()
-    )
-    return {r["a"] for r in feed}
+    deleted = "_change_type = 'update_postimage' AND _dblog_deleted"
+    return {r["a"] for r in _feed_after(spark, path, after_version, deleted)}
 
 
 def _check_ranged_topic(config: Config, db: Db, gone: list[int]) -> None:
