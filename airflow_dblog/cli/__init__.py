@@ -34,6 +34,23 @@ def _dump_id_arg(parser: argparse.ArgumentParser, required: bool = True) -> None
     parser.add_argument("--dump", type=int, required=required, metavar="ID", help="dump id")
 
 
+def _what_args(parser: argparse.ArgumentParser, verb: str) -> None:
+    _config_arg(parser)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--table", action="append", metavar="DB.TABLE", help=f"table to {verb} (repeatable)"
+    )
+    what.add_argument("--all", action="store_true", help=f"{verb} every table in source.tables")
+    parser.add_argument(
+        "--pk",
+        action="append",
+        metavar="KEY",
+        help=f'a primary key to {verb}, as the Airflow form takes it: 42, abc, [1, "x"] or'
+        ' {"id": 1} (repeatable; needs --table)',
+    )
+    parser.add_argument("--requested-by", default="cli", help="who asked (stored with the dump)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dblog",
@@ -51,20 +68,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="request a dump of all tables, one table, or specific primary keys",
         description="Plan a dump; the running stream executes it. Prints the dump id last.",
     )
-    _config_arg(p)
-    what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument(
-        "--table", action="append", metavar="DB.TABLE", help="table to dump (repeatable)"
+    _what_args(p, "dump")
+    p.set_defaults(handler=_dump, verify=None)
+
+    p = sub.add_parser(
+        "verify",
+        help="compare the Delta tables with the source, live, and repair what differs",
+        description="Plan a verify dump: the running stream reads the same chunks as a dump and"
+        " compares each with Delta (rows checked, missing in the lake, extra in the lake,"
+        " different). By default the differences are then read again and written (Delta gets"
+        " only them, Kafka each repair); --dry-run reports only. Follow it with"
+        " dblog status --dump ID. Prints the dump id last.",
     )
-    what.add_argument("--all", action="store_true", help="dump every table in source.tables")
+    _what_args(p, "verify")
     p.add_argument(
-        "--pk",
-        action="append",
-        metavar="KEY",
-        help='a primary key to dump, as the Airflow form takes it: 42, abc, [1, "x"] or'
-        ' {"id": 1} (repeatable; needs --table)',
+        "--dry-run",
+        dest="verify",
+        action="store_const",
+        const="dry-run",
+        default="repair",
+        help="write nothing; report the counts and example keys only",
     )
-    p.add_argument("--requested-by", default="cli", help="who asked (stored with the dump)")
     p.set_defaults(handler=_dump)
 
     p = sub.add_parser(
@@ -144,9 +168,13 @@ def _dump(args: argparse.Namespace) -> int:
         tables=None if args.all else args.table,
         keys=keys or None,
         requested_by=args.requested_by,
+        verify=args.verify,
     )
     progress = store.progress(dump_id)
-    print(f"planned dump {dump_id} of {', '.join(progress.tables)}: {progress.chunks_total} chunks")
+    what = "dump" if args.verify is None else f"verify ({args.verify})"
+    print(
+        f"planned {what} {dump_id} of {', '.join(progress.tables)}: {progress.chunks_total} chunks"
+    )
     print(dump_id)
     return 0
 
@@ -154,7 +182,7 @@ def _dump(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     config, store = _load(args)
     dumps = [store.dump(args.dump)] if args.dump else store.dumps(config.name)
-    progress = [store.progress(d.id).as_dict() for d in dumps]
+    progress = [store.progress(d.id) for d in dumps]
     stream = None
     if not args.dump:  # the stream's lag asks the source: only when it is asked for
         from airflow_dblog.engine.lag import stream_status
@@ -162,10 +190,11 @@ def _status(args: argparse.Namespace) -> int:
         stream = stream_status(resolved(config), store)
     if args.json:
         if args.dump:
-            print(json.dumps(progress[0], indent=2))
+            print(json.dumps(progress[0].as_dict(), indent=2))
         else:
             assert stream is not None
-            print(json.dumps({"stream": stream.as_dict(), "dumps": progress}, indent=2))
+            dicts = [p.as_dict() for p in progress]
+            print(json.dumps({"stream": stream.as_dict(), "dumps": dicts}, indent=2))
         return 0
     if stream is not None:
         print(stream.line())
@@ -173,11 +202,16 @@ def _status(args: argparse.Namespace) -> int:
         print(f"no dumps for stream {config.name}")
     for p in progress:
         line = (
-            f"dump {p['dump_id']} [{p['state']}] {', '.join(p['tables'])}: "
-            f"{p['chunks_done']}/{p['chunks_total']} chunks ({p['percent']}%), "
-            f"{p['rows_emitted']} rows emitted, {p['rows_dropped']} dropped as conflicting"
+            f"dump {p.dump_id} [{p.state}] {', '.join(p.tables)}: "
+            f"{p.chunks_done}/{p.chunks_total} chunks ({p.percent:.1f}%), "
+            f"{p.rows_emitted} rows emitted, {p.rows_dropped} dropped as conflicting"
         )
-        print(line + (f" - {p['reason']}" if p["reason"] else ""))
+        print(line + (f" - {p.reason}" if p.reason else ""))
+        if p.verify is not None:
+            print(f"  {p.verify.line()}")
+            for table, examples in sorted(p.verify.examples.items()):
+                shown = ", ".join(f"{e['found']} {json.dumps(e['key'])}" for e in examples)
+                print(f"    {table}: {shown}")
     return 0
 
 

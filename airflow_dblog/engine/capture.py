@@ -26,6 +26,7 @@ from typing import Any
 
 from airflow_dblog.config import Config, DumpSettings
 from airflow_dblog.core.events import ChangeEvent, LogItem
+from airflow_dblog.core.keys import to_json
 from airflow_dblog.core.merge import HISTORY_LIMIT, DumpedRows, WatermarkMerge, removed
 from airflow_dblog.engine.chunk_executor import ChunkExecutor
 from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef, ChunkRows
@@ -127,6 +128,7 @@ class Capture:
         self._controls_at = 0.0
         self._last_chunk_at = 0.0
         self._nothing_to_claim_at = float("-inf")
+        self._verify_modes: dict[int, str] = {}
         self.signals: SignalChannel | None = None  # Kafka signals, polled with the controls
         # the source time the log read so far stands for (engine/lag.py: seconds behind)
         self.source_ts_ms: int | None = None
@@ -148,8 +150,9 @@ class Capture:
         for item in items:
             for out in self.merge.feed(item):
                 if isinstance(out, DumpedRows):
-                    output.append(self._placed(out))
-                    if out.deleted:
+                    ref = self._placed(out)
+                    output.append(ref)
+                    if out.deleted and not ref.verify:
                         output.extend(removed(out, self.executor.key_columns(out.table)))
                 else:
                     output.append(out)
@@ -173,6 +176,7 @@ class Capture:
         if covers is not None and covers.last:
             bound = covers.bound_position
             beyond = low if bound is None else min(low, bound)
+        verify = self._verify_mode(dumped.dump_id)
         return ChunkRef(
             str(dumped.table),
             dumped.chunk_id,
@@ -184,11 +188,19 @@ class Capture:
             drops,
             dumped.ts_ms,
             rows.key_span,
-            deleted=len(dumped.deleted),
+            deleted=0 if verify else len(dumped.deleted),
             low=low if covers is not None else "",
             covers=None if covers is None else [covers.lower, covers.upper],
             beyond=beyond,
+            verify=verify,
+            absent=[to_json(k) for k in dumped.deleted] if verify else [],
         )
+
+    def _verify_mode(self, dump_id: int) -> str:
+        """The dump's verify mode ("": an ordinary dump), asked once per dump."""
+        if dump_id not in self._verify_modes:
+            self._verify_modes[dump_id] = self.store.dump_modes([dump_id]).get(dump_id, "")
+        return self._verify_modes[dump_id]
 
     def _publish(self, output: list[Published], items: list[LogItem]) -> None:
         """Hand one step's output on; commit (:meth:`_record_commit`) once it is durable."""

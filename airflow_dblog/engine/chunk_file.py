@@ -187,6 +187,10 @@ class ChunkRef:
     low: str = ""
     covers: list[Any] | None = None
     beyond: str = ""
+    # a verify dump's chunk (its mode): its rows are compared with the lake, not written, and
+    # the keys it asked for that the source lacks (``absent``, JSON values) are not deleted
+    verify: str = ""
+    absent: list[list[Any]] = field(default_factory=list)
 
     @property
     def checks_extras(self) -> bool:
@@ -195,9 +199,15 @@ class ChunkRef:
         return self.covers is not None and bool(self.low)
 
     @property
+    def compared(self) -> int:
+        """The chunk's rows that stand for the source as of its window: all but those whose key
+        the log changed inside it."""
+        return self.selected - len(self.drops)
+
+    @property
     def emitted(self) -> int:
         """The chunk's rows in the output (its deletes are events of their own in the spool)."""
-        return self.selected - len(self.drops)
+        return 0 if self.verify else self.compared
 
     def record(self) -> str:
         """As the spool stores it (JSON)."""

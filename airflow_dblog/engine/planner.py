@@ -84,8 +84,15 @@ def plan_dump(
     tables: Sequence[str] | None = None,
     keys: Sequence[Any] | None = None,
     requested_by: str = "",
+    verify: str | None = None,
 ) -> int:
-    """Validate and record a dump of ``tables`` (all when None), or of ``keys`` of one table."""
+    """Validate and record a dump of ``tables`` (all when None), or of ``keys`` of one table;
+    ``verify``: a verify dump in that mode (``repair`` or ``dry-run``)."""
+    if verify is not None and config.delta is None:
+        raise InputError(
+            "verify compares the source with the Delta tables, and this stream has no sinks.delta",
+            "configure sinks.delta, or run an ordinary dump (Kafka receives every row)",
+        )
     targets = resolve_tables(config, tables)
     if keys is not None and len(targets) != 1:
         raise InputError("primary keys were given for several tables", "name exactly one table")
@@ -96,4 +103,6 @@ def plan_dump(
     finally:
         source.close()
     kind = "keys" if keys is not None else ("all" if tables is None else "tables")
-    return store.create_dump(config.name, kind, plans, requested_by, settings.chunk_size)
+    return store.create_dump(
+        config.name, kind, plans, requested_by, settings.chunk_size, verify=verify
+    )

@@ -20,7 +20,8 @@ from collections.abc import Iterable, Iterator, Sequence
 
 REQUESTED_BY_MAX = 256  # dblog_dumps.requested_by
 _TAG = re.compile(r"^dblog repair of dump (\d+), chunks ([0-9,-]+): ")
-_REASON = "keys the lake held that the source lacked"
+EXTRA_KEYS = "keys the lake held that the source lacked"
+DIFFERENCES = "differences a verify found"
 
 
 def id_ranges(ids: Iterable[int]) -> str:
@@ -52,9 +53,9 @@ def parse_ranges(text: str) -> set[int]:
     return ids
 
 
-def requested_by(dump_id: int, chunk_ids: Iterable[int]) -> str:
+def requested_by(dump_id: int, chunk_ids: Iterable[int], reason: str = EXTRA_KEYS) -> str:
     """The follow-up dump's ``requested_by``: the dump and the chunks whose keys it re-reads."""
-    return f"dblog repair of dump {dump_id}, chunks {id_ranges(chunk_ids)}: {_REASON}"
+    return f"dblog repair of dump {dump_id}, chunks {id_ranges(chunk_ids)}: {reason}"
 
 
 def repaired_chunks(text: str, dump_id: int) -> set[int]:
@@ -66,12 +67,12 @@ def repaired_chunks(text: str, dump_id: int) -> set[int]:
     return parse_ranges(m.group(2))
 
 
-def groups(dump_id: int, chunk_ids: Iterable[int]) -> Iterator[list[int]]:
+def groups(dump_id: int, chunk_ids: Iterable[int], reason: str = EXTRA_KEYS) -> Iterator[list[int]]:
     """``chunk_ids`` split so that each group's :func:`requested_by` fits the column (one
     group unless the ids are scattered)."""
     group: list[int] = []
     for i in sorted(set(chunk_ids)):
-        if group and len(requested_by(dump_id, [*group, i])) > REQUESTED_BY_MAX:
+        if group and len(requested_by(dump_id, [*group, i], reason)) > REQUESTED_BY_MAX:
             yield group
             group = []
         group.append(i)

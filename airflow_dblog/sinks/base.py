@@ -22,6 +22,8 @@ from airflow_dblog.sources.base import TableSchema
 
 Batch = TypeVar("Batch", contravariant=True)
 ExtraKeys = dict[str, dict[int, list[list[Any]]]]  # table -> chunk id -> keys (JSON values)
+# chunk id -> missing | different | extra -> keys (JSON values); extra None: not looked for
+Comparison = dict[int, dict[str, list[list[Any]] | None]]
 
 
 class Sink(Protocol[Batch]):
@@ -42,3 +44,7 @@ class ReadBack(Protocol):
     schemas: Mapping[TableId, TableSchema]
 
     def extra_keys(self, refs: Sequence[ChunkRef], files: ChunkFiles) -> ExtraKeys: ...
+
+    def compare(self, refs: Sequence[ChunkRef], files: ChunkFiles) -> Comparison:
+        """What verify chunks found the sink holding differently from the source."""
+        ...

@@ -33,7 +33,7 @@ from airflow_dblog.core.events import TableId
 from airflow_dblog.engine.chunk_file import SPARK_DDL as CHUNK_DDL
 from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef
 from airflow_dblog.errors import DblogError, FencedError
-from airflow_dblog.sinks.base import ExtraKeys
+from airflow_dblog.sinks.base import Comparison, ExtraKeys
 from airflow_dblog.sources.base import Column, TableSchema
 
 if TYPE_CHECKING:
@@ -143,6 +143,37 @@ def _after(columns: Sequence[SparkColumn], types: Sequence[DataType], key: Seque
         greater = greater | (equal & (column > bound))
         equal = equal & (column == bound)
     return greater
+
+
+def same_values(schema: TableSchema, left: str, right: str) -> SparkColumn:
+    """Whether two aliased rows hold the same values in every column but the key.
+
+    Both sides are cast from JSON text to the same Spark types, so equal source values compare
+    equal whichever spelling they came in. Two spellings are normalised first: JSON documents
+    (a binlog's decoded document and a SELECT's text differ in spacing and key order) and
+    single-precision floats (the log carries the float's exact value, a SELECT its shortest
+    digits)."""
+    from pyspark.sql import functions as F
+
+    same = F.lit(True)
+    for c in schema.columns:
+        if c.name in schema.key:
+            continue
+        a, b = F.col(f"{left}.{quoted(c.name)}"), F.col(f"{right}.{quoted(c.name)}")
+        name = c.type.lower().strip()
+        if name in ("json", "jsonb"):
+            a, b = (F.to_json(F.try_parse_json(v)) for v in (a, b))
+        elif name.startswith("real") or (name.startswith("float") and "(" not in name):
+            a, b = a.cast("float"), b.cast("float")
+        same = same & a.eqNullSafe(b)
+    return same
+
+
+def encode_key(key: Sequence[Any]) -> str:
+    """A key's JSON values as the chunk files' ``key`` column holds them."""
+    import json
+
+    return json.dumps(list(key), separators=(",", ":"))
 
 
 def table_path(config: DeltaSinkConfig, table: TableId) -> str:
@@ -402,10 +433,7 @@ class DeltaSink:
         """
         from pyspark.sql import functions as F
 
-        same = F.lit(True)
-        for c in schema.columns:
-            if c.name not in schema.key:
-                same = same & F.col(f"t.{quoted(c.name)}").eqNullSafe(F.col(f"s.{quoted(c.name)}"))
+        same = same_values(schema, "t", "s")
         unchanged_dump = (F.col("s._dblog_op") == "r") & ~F.col("t._dblog_deleted") & same
         newer = F.col("s._dblog_position") > F.col("t._dblog_position")
         return newer & ~unchanged_dump
@@ -597,6 +625,161 @@ class DeltaSink:
             F.lit(name).alias("table"),
             F.col("chunk_id").cast("bigint").alias("chunk_id"),
             F.array(*[F.col(a).cast("string") for a in aliases]).alias("key"),
+        )
+
+    def compare(self, refs: Sequence[ChunkRef], files: ChunkFiles) -> Comparison:
+        """What verify chunks found, per chunk: the keys of its rows Delta lacks or holds
+        deleted (``missing``) or holds with other values (``different``), and the keys Delta
+        holds live that the source lacked (``extra``: in a range chunk's range as
+        :meth:`extra_keys` finds them, in a key list among the keys the SELECT did not find;
+        None where not looked for). Run after the batch's MERGE, so Delta holds every log event
+        up to each chunk's window; a key Delta last changed after the window is the log's word
+        and not compared. One Spark job for the whole batch; nothing is written."""
+        from functools import reduce
+
+        from pyspark.sql import functions as F
+
+        found: Comparison = {
+            r.chunk_id: {"missing": [], "different": [], "extra": []} for r in refs
+        }
+        parts: list[DataFrame] = []
+        types: dict[str, list[DataType]] = {}
+        by_table: dict[str, list[ChunkRef]] = {}
+        for ref in refs:
+            by_table.setdefault(ref.table, []).append(ref)
+        for name, checks in sorted(by_table.items()):
+            table = TableId.parse(name)
+            schema = self.schemas[table]
+            types[name] = key_types(schema)
+            lake = self._lake(table)
+            with_rows = [r for r in checks if r.folder and r.compared]
+            if with_rows:
+                parts.append(self._differences(name, schema, with_rows, files, lake))
+            listed = [r for r in checks if r.absent]
+            if listed and lake is not None:
+                parts.append(self._absent_live(name, schema, listed, lake))
+            ranged = [r for r in checks if r.covers is not None]
+            if ranged and lake is not None and ordered_key(schema):
+                checked = [r for r in ranged if r.checks_extras]
+                if checked:
+                    extras = self._extras(name, schema, types[name], checked, files)
+                    parts.append(extras.withColumn("found", F.lit("extra")))
+            for ref in ranged:
+                if lake is not None and not (ordered_key(schema) and ref.checks_extras):
+                    found[ref.chunk_id]["extra"] = None
+        if not parts:
+            return found
+        for row in reduce(lambda a, b: a.unionByName(b), parts).collect():
+            key = [_key_value(t, v) for t, v in zip(types[row["table"]], row["key"], strict=True)]
+            keys = found[row["chunk_id"]][row["found"]]
+            assert keys is not None
+            keys.append(key)
+        return found
+
+    def _lake(self, table: TableId) -> DataFrame | None:
+        """The table's rows, None if Delta has no table yet (nothing is created to compare)."""
+        from delta.tables import DeltaTable
+
+        path = self.table_path(table)
+        if not DeltaTable.isDeltaTable(self.spark, path):
+            return None
+        return DeltaTable.forPath(self.spark, path).toDF()
+
+    def _differences(
+        self,
+        name: str,
+        schema: TableSchema,
+        refs: Sequence[ChunkRef],
+        files: ChunkFiles,
+        lake: DataFrame | None,
+    ) -> DataFrame:
+        """``table``, ``chunk_id``, ``found`` (missing or different) and ``key`` (text) of the
+        chunks' rows that Delta does not hold as they are."""
+        from pyspark.sql import functions as F
+
+        spark = self.spark
+        rows = spark.read.schema(CHUNK_DDL).parquet(*[files.uri(r.folder) for r in refs])
+        meta = spark.createDataFrame(
+            [(r.chunk_id, r.row_position(0)) for r in refs], "chunk_id BIGINT, position STRING"
+        )
+        rows = rows.join(F.broadcast(meta), "chunk_id")
+        drops = [(r.chunk_id, idx) for r in refs for idx in r.drops]
+        if drops:
+            dropped = spark.createDataFrame(drops, "chunk_id BIGINT, idx BIGINT")
+            rows = rows.join(F.broadcast(dropped), ["chunk_id", "idx"], "left_anti")
+        events = rows.select(
+            "chunk_id",
+            "position",
+            F.lit("r").alias("op"),
+            F.lit(None).cast("string").alias("before"),
+            "after",
+            F.lit(0).cast("bigint").alias("ts_ms"),
+        )
+        source = events.select("chunk_id", *self._columns(schema, events)).alias("s")
+        keys = [F.col(f"s.{quoted(k)}") for k in schema.key]
+        text_key = F.array(*[k.cast("string") for k in keys]).alias("key")
+        out = [F.lit(name).alias("table"), F.col("s.chunk_id").cast("bigint").alias("chunk_id")]
+        if lake is None:
+            return source.select(*out, F.lit("missing").alias("found"), text_key)
+        spans = [r.key_span for r in refs]
+        target = lake
+        if all(spans):  # the rows' first key column spans these: Delta skips other files
+            first = quoted(schema.key[0])
+            low = min(s[0] for s in spans if s)
+            high = max(s[1] for s in spans if s)
+            key_type = key_types(schema)[0]
+            target = lake.where(
+                F.col(first).between(*(_typed(key_type, F.lit(str(b))) for b in (low, high)))
+            )
+        on = F.lit(True)
+        for k in schema.key:
+            on = on & F.col(f"t.{quoted(k)}").eqNullSafe(F.col(f"s.{quoted(k)}"))
+        joined = source.join(target.alias("t"), on, "left")
+        held, deleted = F.col("t._dblog_position"), F.col("t._dblog_deleted")
+        older = held < F.col("s._dblog_position")  # newer: the log changed it after the window
+        found = (
+            F.when(held.isNull() | (deleted & older), F.lit("missing"))
+            .when(~deleted & older & ~same_values(schema, "t", "s"), F.lit("different"))
+            .otherwise(F.lit(None))
+        )
+        return joined.select(*out, found.alias("found"), text_key).where("found IS NOT NULL")
+
+    def _absent_live(
+        self, name: str, schema: TableSchema, refs: Sequence[ChunkRef], lake: DataFrame
+    ) -> DataFrame:
+        """Keys that key-list chunks asked for and the source lacked, which Delta holds live
+        and last changed before the chunk's window closed (``extra``)."""
+        from pyspark.sql import functions as F
+
+        types = key_types(schema)
+        asked = self.spark.createDataFrame(
+            [(r.chunk_id, r.row_position(0), encode_key(k)) for r in refs for k in r.absent],
+            "chunk_id BIGINT, cutoff STRING, key STRING",
+        )
+        parsed = F.from_json(F.col("key"), "array<string>")
+        aliases = [f"_k{i}" for i in range(len(types))]
+        asked = asked.select(
+            "chunk_id",
+            "cutoff",
+            *[
+                _typed(t, parsed.getItem(i)).alias(a)
+                for i, (t, a) in enumerate(zip(types, aliases, strict=True))
+            ],
+        )
+        live = lake.where(~F.col("_dblog_deleted")).select(
+            "_dblog_position",
+            *[F.col(quoted(k)).alias(a) for k, a in zip(schema.key, aliases, strict=True)],
+        )
+        return (
+            F.broadcast(asked)
+            .join(live, aliases)
+            .where(F.col("_dblog_position") < F.col("cutoff"))
+            .select(
+                F.lit(name).alias("table"),
+                "chunk_id",
+                F.lit("extra").alias("found"),
+                F.array(*[F.col(a).cast("string") for a in aliases]).alias("key"),
+            )
         )
 
     def _purge_tombstones(self, table: TableId) -> None:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_dblog.config import Config
 from airflow_dblog.core.events import TableId
+from airflow_dblog.core.verify import FOUND, ChunkVerdict, verdict
 from airflow_dblog.engine.capture import SpooledCapture
 from airflow_dblog.engine.chunk_file import POSITION_DIGITS, ChunkFiles, ChunkRef
 from airflow_dblog.engine.chunk_file import SPARK_DDL as CHUNK_DDL
@@ -39,6 +40,7 @@ from airflow_dblog.engine.chunk_runner import LateRunner
 from airflow_dblog.engine.configured_source import open_reader, open_source
 from airflow_dblog.engine.leader import LeaderLease
 from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.repairs import DIFFERENCES
 from airflow_dblog.engine.segment import EVENT_COLUMNS, Footer
 from airflow_dblog.engine.segment import SPARK_DDL as SEGMENT_DDL
 from airflow_dblog.engine.signals import SignalChannel
@@ -132,6 +134,7 @@ class BatchCommitter:
             batch = FrameBatch(events, tables, dump_bounds(footers), logged_tables(footers))
             self.sink.write(last, batch)
         self.request_repairs(closed_refs)
+        self.verify_chunks(closed_refs)
         committed = self.barrier.held(self.sink.name, footers)
         closed = sum(len(f["closed"]) for f in committed)
         if count or closed:
@@ -156,7 +159,7 @@ class BatchCommitter:
         source still lacks. A batch replayed after a crash finds its chunks named by an earlier
         request and asks for nothing twice (:meth:`MetadataStore.request_repair`).
         """
-        checks = [ref for ref in refs if ref.checks_extras]
+        checks = [ref for ref in refs if ref.checks_extras and not ref.verify]
         if self.lake is None or not checks:
             return []
         found = self.lake.extra_keys(checks, self.spool.chunks)
@@ -179,6 +182,53 @@ class BatchCommitter:
                     )
                 created.extend(new)
         return created
+
+    def verify_chunks(self, refs: Sequence[ChunkRef]) -> dict[int, ChunkVerdict]:
+        """After the MERGE, before the chunks complete: compare the batch's verify chunks with
+        Delta and record what each found; a ``repair`` chunk's differences go to a key-list
+        dump that reads them again and writes them (Delta only what differs, Kafka each one,
+        deletes in log order), as :meth:`request_repairs` does for extra keys.
+
+        The follow-up is requested before the verdict is recorded: a crash between the two
+        replays the batch, whose request finds its chunks named, and whose verdict is then
+        recorded. A verdict already recorded stays (returns the new ones)."""
+        verifying = [ref for ref in refs if ref.verify]
+        if not verifying:
+            return {}
+        if self.lake is None:
+            raise DblogError(
+                f"chunks {sorted(r.chunk_id for r in verifying)} belong to a verify dump, and"
+                " this stream writes no Delta table to compare with",
+                "cancel the dump (dblog cancel); verify needs sinks.delta",
+            )
+        found = self.lake.compare(verifying, self.spool.chunks)
+        recorded: dict[int, ChunkVerdict] = {}
+        for ref in verifying:
+            keys = found.get(ref.chunk_id, {})
+            repair = ref.verify == "repair"
+            result = verdict(ref.compared, keys, keys.get("extra") is not None, repair)
+            if repair and result.differences:
+                differing = [k for kind in FOUND for k in keys.get(kind) or ()]
+                key_columns = list(self.lake.schemas[TableId.parse(ref.table)].key)
+                self.store.request_repair(
+                    ref.table,
+                    key_columns,
+                    ref.dump_id,
+                    {ref.chunk_id: differing},
+                    reason=DIFFERENCES,
+                )
+            if self.store.record_verdict(ref.chunk_id, result):
+                recorded[ref.chunk_id] = result
+                log.info("%s chunk %d: %s", ref.table, ref.chunk_id, _summary(result))
+        return recorded
+
+
+def _summary(result: ChunkVerdict) -> str:
+    extra = "not checked" if result.extra is None else str(result.extra)
+    return (
+        f"{result.checked} rows checked, {result.missing} missing, {extra} extra,"
+        f" {result.different} different, {result.repaired} to repair"
+    )
 
 
 def _outlines(rows: DataFrame) -> tuple[list[Footer], list[tuple[int, ChunkRef]]]:

@@ -70,7 +70,7 @@ def test_help_lists_every_command() -> None:
 
 
 def test_status_pause_resume_cancel_set(config_file: Path, tmp_path: Path) -> None:
-    assert dblog("db", "upgrade", "-c", str(config_file)).stdout.strip().endswith("revision 0004")
+    assert dblog("db", "upgrade", "-c", str(config_file)).stdout.strip().endswith("revision 0005")
     store = MetadataStore(f"sqlite:///{tmp_path}/meta.db")
     dump_id = store.create_dump("inventory", "tables", [TablePlan("app.orders", ["id"], 50)])
 

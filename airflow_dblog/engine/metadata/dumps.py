@@ -19,10 +19,17 @@ from sqlalchemy.orm import Session
 
 from airflow_dblog.config import DumpSettings
 from airflow_dblog.core.keys import MAX_KEYS_PER_CHUNK
+from airflow_dblog.core.verify import ChunkVerdict, VerifyReport
 from airflow_dblog.engine import repairs
 from airflow_dblog.engine.metadata.database import MetadataDatabase, utcnow
-from airflow_dblog.engine.metadata.models import FINAL_DUMP_STATES, Chunk, Dump, DumpTable
-from airflow_dblog.errors import MetadataError
+from airflow_dblog.engine.metadata.models import (
+    FINAL_DUMP_STATES,
+    VERIFY_MODES,
+    Chunk,
+    Dump,
+    DumpTable,
+)
+from airflow_dblog.errors import InputError, MetadataError
 
 # action -> (states it applies to, state it leads to)
 _TRANSITIONS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -61,6 +68,7 @@ class DumpProgress:
     started_at: datetime | None
     finished_at: datetime | None
     current_chunks: list[str] = field(default_factory=list)
+    verify: VerifyReport | None = None  # a verify dump's counts so far
 
     @property
     def percent(self) -> float:
@@ -82,6 +90,7 @@ class DumpProgress:
             "rows_dropped": self.rows_dropped,
             "rows_emitted": self.rows_emitted,
             "current_chunks": self.current_chunks,
+            "verify": None if self.verify is None else self.verify.as_dict(),
             "created_at": _iso(self.created_at),
             "started_at": _iso(self.started_at),
             "finished_at": _iso(self.finished_at),
@@ -92,7 +101,8 @@ class DumpProgress:
             return 0.0
         end = self.finished_at or (now or datetime.now(timezone.utc)).replace(tzinfo=None)
         seconds = (end - self.started_at).total_seconds()
-        return self.rows_emitted / seconds if seconds > 0 else 0.0
+        rows = self.rows_emitted if self.verify is None else self.rows_selected
+        return rows / seconds if seconds > 0 else 0.0
 
     def line(self, now: datetime | None = None) -> str:
         """One line for a task log, the same for sensor and trigger: counts, rate and ETA."""
@@ -105,12 +115,18 @@ class DumpProgress:
             remaining_rows = per_chunk * max(self.chunks_total - self.chunks_done, 0)
             eta = f"{remaining_rows / rate:.0f}s"
         current = ", ".join(self.current_chunks) or "-"
-        return (
+        rows = (
+            f"rows emitted {self.rows_emitted}"
+            if self.verify is None
+            else f"rows selected {self.rows_selected}"
+        )
+        line = (
             f"dump {self.dump_id} [{self.state}] chunks {self.chunks_done}/"
-            f"{self.chunks_total} ({self.percent:.1f}%), rows emitted {self.rows_emitted}, "
+            f"{self.chunks_total} ({self.percent:.1f}%), {rows}, "
             f"dropped as conflicting {self.rows_dropped}, {rate:.0f} rows/s, ETA {eta}, "
             f"working on {current}"
         )
+        return line if self.verify is None else f"{line}; {self.verify.line()}"
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -130,10 +146,17 @@ class DumpsAndChunks(MetadataDatabase):
         plans: Sequence[TablePlan],
         requested_by: str = "",
         chunk_size: int | None = None,
+        verify: str | None = None,
     ) -> int:
-        """Write a dump, its tables and (for specific keys) its chunks in one transaction."""
+        """Write a dump, its tables and (for specific keys) its chunks in one transaction.
+
+        ``verify``: one of ``VERIFY_MODES`` for a dump that compares instead of writing."""
+        if verify is not None and verify not in VERIFY_MODES:
+            raise InputError(
+                f"unknown verify mode {verify!r}", f"use one of: {', '.join(VERIFY_MODES)}"
+            )
         with self.session() as s:
-            return _add_dump(s, stream, kind, plans, requested_by, chunk_size)
+            return _add_dump(s, stream, kind, plans, requested_by, chunk_size, verify)
 
     def request_repair(
         self,
@@ -142,6 +165,7 @@ class DumpsAndChunks(MetadataDatabase):
         dump_id: int,
         keys_by_chunk: Mapping[int, Sequence[list[Any]]],
         chunk_size: int = MAX_KEYS_PER_CHUNK,
+        reason: str = repairs.EXTRA_KEYS,
     ) -> list[int]:
         """Dump the keys Delta holds that chunks of ``dump_id`` found the source lacking, once
         per chunk (:mod:`~airflow_dblog.engine.repairs`): chunks an earlier request already
@@ -173,7 +197,7 @@ class DumpsAndChunks(MetadataDatabase):
                 )
             )
             wanted = [c for c in keys_by_chunk if c not in named and keys_by_chunk[c]]
-            for group in repairs.groups(dump_id, wanted):
+            for group in repairs.groups(dump_id, wanted, reason):
                 unique: dict[str, list[Any]] = {}
                 for chunk_id in group:
                     for key in keys_by_chunk[chunk_id]:
@@ -181,7 +205,7 @@ class DumpsAndChunks(MetadataDatabase):
                 keys = list(unique.values())
                 cut = [keys[i : i + per_chunk] for i in range(0, len(keys), per_chunk)]
                 plan = TablePlan(table, list(key_columns), len(keys), cut)
-                by = repairs.requested_by(dump_id, group)
+                by = repairs.requested_by(dump_id, group, reason)
                 created.append(_add_dump(s, stream, "keys", [plan], by, chunk_size))
         return created
 
@@ -281,6 +305,7 @@ class DumpsAndChunks(MetadataDatabase):
             current_chunks=[
                 f"{c.table_name}#{c.seq} ({c.state})" for c in open_chunks if c.state != "pending"
             ],
+            verify=None if dump.verify is None else _report(dump.verify, chunks),
         )
 
     # -- chunks (the streaming job's side) --------------------------------------------------
@@ -418,6 +443,24 @@ class DumpsAndChunks(MetadataDatabase):
                 utcnow(),
             )
 
+    def dump_modes(self, dump_ids: Collection[int]) -> dict[int, str]:
+        """The verify mode of those of ``dump_ids`` that are verify dumps."""
+        with self.session(writes=False) as s:
+            query = select(Dump.id, Dump.verify).where(
+                Dump.id.in_(list(dump_ids)), Dump.verify.is_not(None)
+            )
+            return {dump_id: mode for dump_id, mode in s.execute(query)}
+
+    def record_verdict(self, chunk_id: int, verdict: ChunkVerdict) -> bool:
+        """Keep what the lake's comparison of a verify chunk found; the first verdict stays (a
+        batch replayed after a crash compares again). Returns whether this one was kept."""
+        with self.session() as s:
+            chunk = _get_chunk(s, chunk_id)
+            if chunk.verified is not None or chunk.state == "cancelled":
+                return False
+            chunk.verified = verdict.as_record()
+            return True
+
     def complete_chunk(self, chunk_id: int, selected: int, dropped: int, emitted: int) -> None:
         """Record a chunk every sink has committed; finish its dump if it was the last one."""
         with self.session() as s:
@@ -513,6 +556,7 @@ def _add_dump(
     plans: Sequence[TablePlan],
     requested_by: str,
     chunk_size: int | None,
+    verify: str | None = None,
 ) -> int:
     """A new pending dump, its tables and (for specific keys) its chunks, in ``s``."""
     now = utcnow()
@@ -523,6 +567,7 @@ def _add_dump(
         requested_by=requested_by,
         state="pending",
         chunk_size=chunk_size,
+        verify=verify,
         created_at=now,
         updated_at=now,
     )
@@ -546,6 +591,11 @@ def _add_dump(
         for seq, keys in enumerate(plan.key_chunks or []):
             s.add(_new_chunk(dump.id, plan.table, seq, keys=keys))
     return dump.id
+
+
+def _report(mode: str, chunks: Sequence[Chunk]) -> VerifyReport:
+    verdicts = [(c.table_name, ChunkVerdict.from_record(c.verified)) for c in chunks if c.verified]
+    return VerifyReport.of(mode, verdicts)
 
 
 def _get_chunk(s: Session, chunk_id: int) -> Chunk:

@@ -16,6 +16,7 @@ from sqlalchemy import JSON, BigInteger, DateTime, ForeignKey, Integer, String, 
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 FINAL_DUMP_STATES = ("done", "failed", "cancelled")
+VERIFY_MODES = ("repair", "dry-run")
 
 # SQLite only auto-increments INTEGER PRIMARY KEY; elsewhere ids are 64-bit.
 Id = BigInteger().with_variant(Integer(), "sqlite")
@@ -37,6 +38,8 @@ class Dump(Base):
     state: Mapped[str] = mapped_column(String(16), default="pending", index=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     chunk_size: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # a verify dump compares instead of writing: VERIFY_MODES (None: an ordinary dump)
+    verify: Mapped[str | None] = mapped_column(String(16), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime)
     started_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
@@ -84,6 +87,8 @@ class Chunk(Base):
     rows_dropped: Mapped[int] = mapped_column(BigInteger, default=0)
     rows_emitted: Mapped[int] = mapped_column(BigInteger, default=0)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # a verify dump's chunk: what the lake's comparison found (core.verify.ChunkVerdict)
+    verified: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     started_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     selected_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)

@@ -368,6 +368,8 @@ def test_a_reference_is_one_spool_record_and_back() -> None:
         "low": "",
         "covers": None,
         "beyond": "",
+        "verify": "",
+        "absent": [],
     }
     # a record written before chunks counted their deletes (or their range) reads as none
     older = {
@@ -448,3 +450,14 @@ def test_texts_are_the_events_the_window_emits_with_drops_left_out(files: ChunkF
         ["3", "c"],
         ["4", "d"],
     ]
+
+
+def test_a_verify_chunk_emits_nothing_and_keeps_the_keys_it_found_absent() -> None:
+    ref = ChunkRef(
+        "db.t", 5, 2, "000000000005-abc", str(BASE), 10, 4, (0,), 1700,
+        verify="dry-run", absent=[[7, "x"]],
+    )  # fmt: skip
+    back = ChunkRef.from_record(json.loads(ref.record()))
+    assert back == ref and back.absent == [[7, "x"]]
+    assert (back.compared, back.emitted) == (3, 0)
+    assert back.closed_record()["emitted"] == 0

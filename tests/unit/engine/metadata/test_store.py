@@ -54,9 +54,9 @@ def _bounded_dump(
 
 
 def test_migrations_apply_once_and_are_idempotent(store: MetadataStore) -> None:
-    assert store.revision() == "0004"
+    assert store.revision() == "0005"
     store.upgrade()
-    assert store.revision() == "0004"
+    assert store.revision() == "0005"
 
 
 def test_processes_starting_together_migrate_a_new_database_once(
@@ -81,7 +81,7 @@ def test_processes_starting_together_migrate_a_new_database_once(
 
     with ThreadPoolExecutor(len(stores)) as pool:
         revisions = list(pool.map(upgrade, stores))
-    assert revisions == ["0004"] * len(stores)
+    assert revisions == ["0005"] * len(stores)
     for store in stores:
         store.engine.dispose()
 
@@ -104,7 +104,7 @@ def test_0003_keeps_stream_state_and_adds_the_source_time(tmp_path: Path) -> Non
         )
     old.engine.dispose()
     store = MetadataStore(f"sqlite:///{tmp_path}/old.db")
-    assert store.revision() == "0004"
+    assert store.revision() == "0005"
     state = store.stream_state("s")
     assert state is not None and (state.position, state.source_ts_ms) == ("p", None)
     store.save_stream_state("s", source_ts_ms=1_700_000_000_123)
