@@ -62,18 +62,18 @@ class ChunkVerdict:
 
 def verdict(
     checked: int,
-    found: Mapping[str, list[list[Any]]],
+    found: Mapping[str, list[list[Any]] | None],
     extra_checked: bool,
     repair: bool,
 ) -> ChunkVerdict:
     """A chunk's verdict from the keys the lake found in each class of :data:`FOUND`."""
     examples: list[tuple[str, tuple[Any, ...]]] = []
     for kind in FOUND:
-        for key in found.get(kind, ()):
+        for key in found.get(kind) or ():
             if len(examples) == EXAMPLES_PER_CHUNK:
                 break
             examples.append((kind, tuple(key)))
-    counts = {kind: len(found.get(kind, ())) for kind in FOUND}
+    counts = {kind: len(found.get(kind) or ()) for kind in FOUND}
     differences = sum(counts.values())
     return ChunkVerdict(
         checked,
