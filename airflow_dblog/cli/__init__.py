@@ -209,9 +209,8 @@ def _status(args: argparse.Namespace) -> int:
         print(line + (f" - {p.reason}" if p.reason else ""))
         if p.verify is not None:
             print(f"  {p.verify.line()}")
-            for table, examples in sorted(p.verify.examples.items()):
-                shown = ", ".join(f"{e['found']} {json.dumps(e['key'])}" for e in examples)
-                print(f"    {table}: {shown}")
+            if examples := p.verify.examples_line():
+                print(f"  examples: {examples}")
     return 0
 
 

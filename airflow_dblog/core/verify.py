@@ -8,6 +8,7 @@ example keys per table so that a person can look at the rows.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,6 +135,14 @@ class VerifyReport:
             "extra_not_checked": sorted(self.extra_unchecked),
             "examples": {t: e for t, e in sorted(self.examples.items()) if e},
         }
+
+    def examples_line(self) -> str:
+        """The example keys in one line, by table: ``db.t: missing [4], different [7]``."""
+        return "; ".join(
+            f"{table}: " + ", ".join(f"{e['found']} {json.dumps(e['key'])}" for e in examples)
+            for table, examples in sorted(self.examples.items())
+            if examples
+        )
 
     def line(self) -> str:
         """The counts in one line (task logs, ``dblog status``)."""

@@ -173,3 +173,45 @@ def test_malformed_config_and_missing_secret(tmp_path: Path, config_file: Path) 
     )
     assert missing.returncode == 2
     assert "environment variable DB_PASSWORD is not set" in missing.stderr
+
+
+def test_status_shows_what_a_verify_dump_found_in_text_and_json(
+    config_file: Path, tmp_path: Path
+) -> None:
+    from airflow_dblog.core.verify import ChunkVerdict
+
+    store = MetadataStore(f"sqlite:///{tmp_path}/meta.db")
+    plan = TablePlan("app.orders", ["id"], 3, [[[1], [2], [3]]])
+    dump_id = store.create_dump("inventory", "keys", [plan], verify="dry-run")
+    (chunk,) = store.chunks(dump_id)
+    found = ChunkVerdict(3, missing=1, extra=1, examples=(("missing", (2,)), ("extra", (3,))))
+    assert store.record_verdict(chunk.id, found)
+    store.complete_chunk(chunk.id, 3, 0, 0)
+
+    args = ("status", "-c", str(config_file), "--dump", str(dump_id))
+    verify = json.loads(dblog(*args, "--json").stdout)["verify"]
+    assert (verify["mode"], verify["checked"], verify["missing"], verify["extra"]) == (
+        "dry-run", 3, 1, 1,
+    )  # fmt: skip
+    assert verify["examples"] == {
+        "app.orders": [{"found": "missing", "key": [2]}, {"found": "extra", "key": [3]}]
+    }
+    lines = dblog(*args).stdout.splitlines()
+    assert lines[1:] == [
+        "  verify (dry-run): 3 rows checked, 1 missing in the lake, 1 extra, 0 different,"
+        " 0 repaired",
+        "  examples: app.orders: missing [2], extra [3]",
+    ]
+
+
+def test_verify_without_a_delta_sink_is_refused_before_anything_is_planned(
+    tmp_path: Path,
+) -> None:
+    file = tmp_path / "kafka.yaml"
+    kafka = "{kafka: {bootstrap_servers: 'k:9092', topic_prefix: inv}}"
+    file.write_text(CONFIG.replace("{delta: {path: ./delta}}", kafka))
+    result = dblog("verify", "-c", str(file), "--all", "--dry-run")
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("dblog: error: verify compares the source with")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert MetadataStore(f"sqlite:///{tmp_path}/meta.db").dumps("inventory") == []

@@ -29,6 +29,7 @@ from airflow_dblog.provider.connections import (
     resolved,
     secret_env,
 )
+from airflow_dblog.provider.verify import RepairsProgress, repair_dump_ids, repairs_progress
 from airflow_dblog.redact import redact
 
 
@@ -65,11 +66,20 @@ class DblogHook(BaseHook):
         tables: Sequence[str] | None = None,
         keys: Sequence[Any] | None = None,
         requested_by: str = "airflow",
+        verify: str | None = None,
     ) -> int:
-        return plan_dump(self.source_config, self.store, tables, keys, requested_by)
+        """The new dump's id; ``verify`` (``repair`` or ``dry-run``) plans a verify dump."""
+        return plan_dump(self.source_config, self.store, tables, keys, requested_by, verify)
 
     def progress(self, dump_id: int) -> DumpProgress:
         return self.store.progress(dump_id)
+
+    def repair_dump_ids(self, dump_id: int) -> list[int]:
+        """The dumps writing what verify dump ``dump_id`` found (all known once it is done)."""
+        return repair_dump_ids(self.store, dump_id)
+
+    def repairs_progress(self, dump_id: int, repair_ids: Sequence[int]) -> RepairsProgress:
+        return repairs_progress(self.store, dump_id, repair_ids)
 
     def rows_by_table(self, dump_id: int) -> dict[str, int]:
         """Rows a dump emitted per table (``db.table``), every table of the dump listed."""

@@ -1,5 +1,5 @@
-"""Thin operators over DblogHook: keep the stream running, plan dumps and backfills, control
-them, tune the stream."""
+"""Thin operators over DblogHook: keep the stream running, plan dumps, backfills and verify
+dumps, control them, tune the stream."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from airflow_dblog.engine.launcher import Launch, ensure_stream, run_dir
 from airflow_dblog.errors import InputError
 from airflow_dblog.provider.compat import BaseOperator, Context
 from airflow_dblog.provider.hooks.dblog import DblogHook
+from airflow_dblog.provider.verify import verify_mode
 from airflow_dblog.redact import redact
 
 
@@ -99,18 +100,34 @@ class DblogEnsureStreamOperator(_DblogOperator):
 
 
 class DblogDumpOperator(_DblogOperator):
-    """Plan a dump of all tables (``tables=None``) or of some; returns the dump id (XCom)."""
+    """Plan a dump of all tables (``tables=None``) or of some; returns the dump id (XCom).
 
-    template_fields: Sequence[str] = ("tables", "config_path")
+    ``verify=True`` plans a verify dump: the stream compares each chunk with the Delta tables
+    instead of writing it, and follow-up dumps write only what differs; with ``dry_run=True``
+    nothing is written, the counts and example keys are the whole result. The dump sensor
+    waits for the follow-ups too, and fails past its ``max_differences``.
+    """
 
-    def __init__(self, *, tables: Sequence[str] | str | None = None, **kwargs: Any) -> None:
+    template_fields: Sequence[str] = ("tables", "config_path", "verify", "dry_run")
+
+    def __init__(
+        self,
+        *,
+        tables: Sequence[str] | str | None = None,
+        verify: bool | str = False,
+        dry_run: bool | str = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
-        self.tables = tables
+        self.tables, self.verify, self.dry_run = tables, verify, dry_run
+        _check_mode(verify, dry_run)
 
     def execute(self, context: Context) -> int:
         tables = [self.tables] if isinstance(self.tables, str) else self.tables
-        dump_id = self.hook.plan_dump(tables, None, requested_by=_who(context))
-        self.log.info("planned dump %s of %s", dump_id, ", ".join(tables or ["all tables"]))
+        mode = verify_mode(self.verify, self.dry_run)
+        dump_id = self.hook.plan_dump(tables, None, requested_by=_who(context), verify=mode)
+        what = "dump" if mode is None else f"verify ({mode}) dump"
+        self.log.info("planned %s %s of %s", what, dump_id, ", ".join(tables or ["all tables"]))
         return dump_id
 
 
@@ -118,21 +135,33 @@ class DblogBackfillOperator(_DblogOperator):
     """Plan a dump of specific primary keys of one table; returns the dump id (XCom).
 
     ``keys`` is a list of keys, or text with one key per line: a bare value for one-column
-    keys, JSON (a list in key order or an object by column) for composite keys.
+    keys, JSON (a list in key order or an object by column) for composite keys. ``verify`` and
+    ``dry_run`` as for :class:`DblogDumpOperator`: a look at just those rows.
     """
 
-    template_fields: Sequence[str] = ("table", "keys", "config_path")
+    template_fields: Sequence[str] = ("table", "keys", "config_path", "verify", "dry_run")
 
-    def __init__(self, *, table: str, keys: Sequence[Any] | str, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        table: str,
+        keys: Sequence[Any] | str,
+        verify: bool | str = False,
+        dry_run: bool | str = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
-        self.table, self.keys = table, keys
+        self.table, self.keys, self.verify, self.dry_run = table, keys, verify, dry_run
+        _check_mode(verify, dry_run)
 
     def execute(self, context: Context) -> int:
         keys = parse_keys(self.keys) if isinstance(self.keys, str) else list(self.keys)
         if not keys:
             raise InputError("no primary keys given", "enter at least one key, one per line")
-        dump_id = self.hook.plan_dump([self.table], keys, requested_by=_who(context))
-        self.log.info("planned backfill dump %s: %d keys of %s", dump_id, len(keys), self.table)
+        mode = verify_mode(self.verify, self.dry_run)
+        dump_id = self.hook.plan_dump([self.table], keys, requested_by=_who(context), verify=mode)
+        what = "backfill dump" if mode is None else f"verify ({mode}) dump"
+        self.log.info("planned %s %s: %d keys of %s", what, dump_id, len(keys), self.table)
         return dump_id
 
 
@@ -175,6 +204,12 @@ class DblogSetOperator(_DblogOperator):
             delay_ms=_int(self.delay_ms),
             parallelism=_int(self.parallelism),
         )
+
+
+def _check_mode(verify: bool | str, dry_run: bool | str) -> None:
+    """Options that cannot work fail the DAG's import, not its first run (templates wait)."""
+    if not isinstance(verify, str) and not isinstance(dry_run, str):
+        verify_mode(verify, dry_run)
 
 
 def _args(value: Sequence[str] | str | None) -> list[str]:

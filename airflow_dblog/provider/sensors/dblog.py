@@ -1,5 +1,5 @@
-"""Wait for a dump to finish, logging its progress; check the stream's health. Classic or
-deferrable.
+"""Wait for a dump to finish, logging its progress (a verify dump: judge it, then wait for its
+repairs); check the stream's health. Classic or deferrable.
 
 The sensor is the task that sees a dump's tables refreshed, so it announces them: one Asset
 event per Delta table and Kafka topic the dump wrote (``provider/assets.py`` names them),
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_dblog.core.events import TableId
+from airflow_dblog.engine.metadata.dumps import DumpProgress
 from airflow_dblog.errors import DblogError
 from airflow_dblog.provider.assets import openlineage_names, refreshed
 from airflow_dblog.provider.compat import (
@@ -31,6 +32,7 @@ from airflow_dblog.provider.triggers.dblog import (
     DblogStreamTrigger,
     stream_line,
 )
+from airflow_dblog.provider.verify import RepairsProgress, check_differences, limit
 
 
 class DumpFailed(DblogError):
@@ -44,9 +46,15 @@ class DblogDumpSensor(BaseSensorOperator):
     """Wait for dump ``dump_id``; on success emit an Asset event per place it refreshed.
 
     ``asset_alias=None`` emits none. Returns the number of rows the dump emitted.
+
+    A verify dump is judged when it is done: more differences than ``max_differences`` (None:
+    no limit) fail the task with the counts and example keys. In repair mode the sensor then
+    waits for the follow-up dumps that write the differences, and the Asset events are theirs;
+    a dry run writes nothing and emits none. For a verify dump it returns a dict: ``dump_id``,
+    ``rows_emitted`` (by the repairs), ``repair_dumps`` and ``verify`` (the report).
     """
 
-    template_fields: Sequence[str] = ("dump_id", "config_path")
+    template_fields: Sequence[str] = ("dump_id", "config_path", "max_differences")
 
     def __init__(
         self,
@@ -58,6 +66,7 @@ class DblogDumpSensor(BaseSensorOperator):
         stall_timeout_s: float = 1800.0,
         log_interval_s: float = 30.0,
         asset_alias: str | None = DEFAULT_ASSET_ALIAS,
+        max_differences: int | str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("poke_interval", 5.0)
@@ -71,8 +80,10 @@ class DblogDumpSensor(BaseSensorOperator):
         self.dump_id, self.dblog_conn_id, self.config_path = dump_id, dblog_conn_id, config_path
         self.deferrable, self.stall_timeout_s = deferrable, stall_timeout_s
         self.log_interval_s = log_interval_s
+        self.max_differences = max_differences
         self._marker: tuple[Any, ...] | None = None
         self._moved_at = self._logged_at = 0.0
+        self._repairs: list[int] | None = None  # known once the dump is done
 
     @property
     def hook(self) -> DblogHook:
@@ -82,38 +93,67 @@ class DblogDumpSensor(BaseSensorOperator):
         if not self.deferrable:
             super().execute(context)
             return self._announce(context, int(self.dump_id))
+        self._defer(int(self.dump_id), None, "execute_complete")
+
+    def _defer(self, dump_id: int, repairs: list[int] | None, method_name: str) -> None:
         self.defer(
             trigger=DblogDumpTrigger(
                 self.hook.config.metadata_url,
-                int(self.dump_id),
+                dump_id,
                 poll_interval_s=float(self.poke_interval),
                 log_interval_s=self.log_interval_s,
                 stall_timeout_s=self.stall_timeout_s,
+                repairs=repairs,
             ),
-            method_name="execute_complete",
+            method_name=method_name,
         )
 
     def poke(self, context: Context) -> bool:
-        progress = self.hook.progress(int(self.dump_id))
+        dump_id = int(self.dump_id)
+        if self._repairs is None:
+            if not self._follow(self.hook.progress(dump_id)):
+                return False
+            self._repairs = self._judge(dump_id)
+            if not self._repairs:
+                return True
+            self._marker, self._moved_at, self._logged_at = None, 0.0, 0.0
+        return self._follow(self.hook.repairs_progress(dump_id, self._repairs))
+
+    def _follow(self, progress: DumpProgress | RepairsProgress) -> bool:
+        """One look at the dump (or at a verify dump's repairs): log, fail, or say if done."""
         now = time.monotonic()
         if now - self._logged_at >= self.log_interval_s or progress.state == "done":
             self.log.info("%s", progress.line())
             self._logged_at = now
+        repairs = isinstance(progress, RepairsProgress)
         if progress.state in ("failed", "cancelled"):
-            raise DumpFailed(f"dump {self.dump_id} {progress.state}: {progress.reason}")
+            raise _failed(progress.dump_id, progress.state, progress.reason, repairs)
         current = (progress.state, progress.chunks_done, progress.rows_selected)
         if current != self._marker or progress.state == "paused" or not self._moved_at:
             self._marker, self._moved_at = current, now
         elif now - self._moved_at >= self.stall_timeout_s:
+            what = "the repairs of dump" if repairs else "dump"
             raise DumpFailed(
-                f"dump {self.dump_id} made no progress for {self.stall_timeout_s:.0f}s",
+                f"{what} {self.dump_id} made no progress for {self.stall_timeout_s:.0f}s",
                 "check that the dblog stream is running",
             )
         return progress.state == "done"
 
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> int:
+    def _judge(self, dump_id: int) -> list[int]:
+        """A done dump: fail a verify dump past ``max_differences``; the repairs to wait for."""
+        hook = self.hook
+        report = hook.progress(dump_id).verify
+        if report is None:
+            return []
+        repairs = hook.repair_dump_ids(dump_id) if report.mode == "repair" else []
+        follow = f"; repair dumps {', '.join(map(str, repairs))} follow" if repairs else ""
+        self.log.info("dump %s verified: %s%s", dump_id, report.line(), follow)
+        check_differences(dump_id, report, limit(self.max_differences, "max_differences"), repairs)
+        return repairs
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         if event["status"] != "done":
-            raise DumpFailed(f"dump {event['dump_id']} {event['status']}: {event['reason']}")
+            raise _failed(event["dump_id"], event["status"], event["reason"], repairs=False)
         self.log.info(
             "dump %s done: %s chunks, %s rows emitted, %s dropped as conflicting",
             event["dump_id"],
@@ -121,27 +161,66 @@ class DblogDumpSensor(BaseSensorOperator):
             event["rows_emitted"],
             event["rows_dropped"],
         )
+        dump_id = int(event["dump_id"])
+        repairs = self._judge(dump_id)
+        if repairs:
+            self._defer(dump_id, repairs, "execute_repairs_complete")
+        return self._announce(context, dump_id)
+
+    def execute_repairs_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        """After the second wait: the verify dump's repairs are done (or one failed)."""
+        if event["status"] != "done":
+            raise _failed(event["dump_id"], event["status"], event["reason"], repairs=True)
+        self.log.info(
+            "repairs of dump %s done: %s chunks, %s rows emitted",
+            event["dump_id"],
+            event["chunks_done"],
+            event["rows_emitted"],
+        )
         return self._announce(context, int(event["dump_id"]))
 
-    def _announce(self, context: Context, dump_id: int) -> int:
-        """The done dump's Asset events (via the alias) and lineage; its rows emitted."""
+    def _announce(self, context: Context, dump_id: int) -> Any:
+        """The Asset events (via the alias) and lineage of what the dump, or a verify dump's
+        repairs, wrote; the rows emitted, or for a verify dump a dict with its report."""
         hook = self.hook
-        rows = hook.rows_by_table(dump_id)
+        report = hook.progress(dump_id).verify
+        if report is None:
+            rows = hook.rows_by_table(dump_id)
+            self._emit(context, dump_id, rows, {})
+            return sum(rows.values())
+        repairs = hook.repair_dump_ids(dump_id) if report.mode == "repair" else []
+        rows = {}
+        for repair in repairs:
+            for table, n in hook.rows_by_table(repair).items():
+                rows[table] = rows.get(table, 0) + n
+        self._emit(context, dump_id, rows, {"verify": report.mode, "repair_dumps": repairs})
+        return {
+            "dump_id": dump_id,
+            "rows_emitted": sum(rows.values()),
+            "repair_dumps": repairs,
+            "verify": report.as_dict(),
+        }
+
+    def _emit(
+        self, context: Context, dump_id: int, rows: dict[str, int], more: dict[str, Any]
+    ) -> None:
+        hook = self.hook
         self._refreshed_tables = [TableId.parse(t) for t in rows]
         events = context.get("outlet_events") if self.asset_alias else None
-        if events is not None:
-            alias = events[AssetAlias(self.asset_alias)]
-            for place in refreshed(hook.config, self._refreshed_tables):
-                extra = {
-                    "stream": hook.config.name,
-                    "dump_id": dump_id,
-                    "table": str(place.table),
-                    "sink": place.sink,
-                    "rows_emitted": rows[str(place.table)],
-                }
-                alias.add(Asset(place.uri), extra=extra)
-                self.log.info("refreshed %s (%s rows)", place.uri, extra["rows_emitted"])
-        return sum(rows.values())
+        if events is None:
+            return
+        alias = events[AssetAlias(self.asset_alias)]
+        for place in refreshed(hook.config, self._refreshed_tables):
+            extra = {
+                "stream": hook.config.name,
+                "dump_id": dump_id,
+                "table": str(place.table),
+                "sink": place.sink,
+                "rows_emitted": rows[str(place.table)],
+                **more,
+            }
+            alias.add(Asset(place.uri), extra=extra)
+            self.log.info("refreshed %s (%s rows)", place.uri, extra["rows_emitted"])
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """Source tables in, Delta tables and Kafka topics out; None without the provider."""
@@ -155,6 +234,15 @@ class DblogDumpSensor(BaseSensorOperator):
             inputs=[dataset(namespace=ns, name=name) for ns, name in inputs],
             outputs=[dataset(namespace=ns, name=name) for ns, name in outputs],
         )
+
+
+def _failed(dump_id: Any, state: str, reason: str | None, repairs: bool) -> DumpFailed:
+    if repairs:  # the verify dump itself is done: name what did not finish
+        return DumpFailed(
+            f"verify dump {dump_id} is done, but a repair did not finish ({state}): {reason}",
+            "see dblog status -c FILE, then verify again",
+        )
+    return DumpFailed(f"dump {dump_id} {state}: {reason}")
 
 
 class StreamUnhealthy(DblogError):

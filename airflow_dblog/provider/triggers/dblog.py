@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.metadata.dumps import DumpProgress
 from airflow_dblog.provider.compat import BaseTrigger, TriggerEvent
+from airflow_dblog.provider.verify import RepairsProgress, repairs_progress
 
 FINAL = ("done", "failed", "cancelled")
 
@@ -19,6 +22,9 @@ class DblogDumpTrigger(BaseTrigger):
     Progress lines go to the log every ``log_interval_s``; a dump whose chunks and rows have
     not moved for ``stall_timeout_s`` while it is not paused fires ``stalled``: the stream is
     probably not running, and waiting forever would hide that.
+
+    With ``repairs`` (the follow-up dumps of verify dump ``dump_id``, known once it is done) it
+    follows those instead, as one dump (``provider/verify.py``): the sensor's second wait.
     """
 
     def __init__(
@@ -28,11 +34,13 @@ class DblogDumpTrigger(BaseTrigger):
         poll_interval_s: float = 5.0,
         log_interval_s: float = 30.0,
         stall_timeout_s: float = 1800.0,
+        repairs: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         self.metadata_url, self.dump_id = metadata_url, dump_id
         self.poll_interval_s, self.log_interval_s = poll_interval_s, log_interval_s
         self.stall_timeout_s = stall_timeout_s
+        self.repairs = None if repairs is None else [int(i) for i in repairs]
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -43,17 +51,23 @@ class DblogDumpTrigger(BaseTrigger):
                 "poll_interval_s": self.poll_interval_s,
                 "log_interval_s": self.log_interval_s,
                 "stall_timeout_s": self.stall_timeout_s,
+                "repairs": self.repairs,
             },
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         store = await asyncio.to_thread(MetadataStore, self.metadata_url, upgrade=False)
+        look: Callable[[], DumpProgress | RepairsProgress] = (
+            functools.partial(store.progress, self.dump_id)
+            if self.repairs is None
+            else functools.partial(repairs_progress, store, self.dump_id, self.repairs)
+        )
         try:
             marker: tuple[Any, ...] | None = None
             moved_at = logged_at = time.monotonic()
             logged_at -= self.log_interval_s
             while True:
-                progress = await asyncio.to_thread(store.progress, self.dump_id)
+                progress = await asyncio.to_thread(look)
                 now = time.monotonic()
                 if now - logged_at >= self.log_interval_s or progress.state in FINAL:
                     self.log.info("%s", progress.line())

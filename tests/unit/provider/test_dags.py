@@ -39,6 +39,7 @@ def test_dags_import_without_errors_or_warnings(
         "dblog_health",
         "dblog_on_refresh",
         "dblog_keep_alive",
+        "dblog_nightly_verify",
     }
     table = bag.dags["dblog_backfill"].params.get_param("table")
     timetable = bag.dags["dblog_on_refresh"].timetable
@@ -57,9 +58,18 @@ def test_dags_import_without_errors_or_warnings(
     for dag_id, task_id in [
         ("dblog_backfill", "wait_for_backfill"),
         ("dblog_scheduled_dump", "wait_for_dump"),
+        ("dblog_nightly_verify", "wait_for_verify"),
     ]:
         outlets = bag.dags[dag_id].get_task(task_id).outlets
         assert [(type(o).__name__, o.name) for o in outlets] == [("AssetAlias", "dblog")]
+    verify = bag.dags["dblog_nightly_verify"]
+    assert [t.task_id for t in verify.topological_sort()] == ["plan_verify", "wait_for_verify"]
+    assert verify.get_task("plan_verify").verify is True
+    assert {name: verify.params[name] for name in ("dry_run", "max_differences")} == {
+        "dry_run": False,  # repair mode by default
+        "max_differences": 0,  # any drift fails the run
+    }
+    assert verify.get_task("wait_for_verify").deferrable
 
 
 def test_health_dag_fails_unless_the_stream_runs_with_a_known_lag(
