@@ -13,6 +13,7 @@ same table.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import pytest
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import Config, load_config
+from airflow_dblog.engine.capture import CONTROLS_REFRESH_S
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.repairs import repaired_chunks
 from tests.support.oracle import (
@@ -50,7 +52,8 @@ MISSING = {"mysql": [1_500, 1_600], "postgres": [500, 700, 800]}  # the source o
 
 def _create(db: Db) -> None:
     """The loads' columns keyed by ``a`` alone (``b`` follows from it): an integer key, whose
-    order Spark and the source share, so keys the lake holds beyond the source are looked for."""
+    order Spark and the source share, so keys the lake holds beyond the source are looked for.
+    Empty: its rows are inserted once the stream reads the log, and reach Delta through it."""
     text = "varchar(16)" if db.kind == "mysql" else "text"
     execute(
         db,
@@ -59,7 +62,6 @@ def _create(db: Db) -> None:
     )
     if db.kind == "postgres":
         execute(db, f"ALTER TABLE {db.quoted()} REPLICA IDENTITY FULL")
-    insert_rows(db, range(ROWS), 0, "seed")
 
 
 def _without_log(db: Db, *statements: str) -> None:
@@ -148,17 +150,15 @@ def test_verify_finds_the_drift_exactly_and_repairs_it_once_across_a_kill_9(
 ) -> None:
     db = db_for(request, kind)
     _create(db)
-    config_path = write_config(db, tmp_path, chunk_size=100, kafka=kafka_server.bootstrap_servers)
+    config_path = write_config(db, tmp_path, chunk_size=250, kafka=kafka_server.bootstrap_servers)
     config = load_config(config_path)
     store = MetadataStore(config.metadata_url)
     stream = stream_factory(config_path)
     stream.start()
     stream.wait_capturing()
     path = delta_path(config, db.table())
+    insert_rows(db, range(ROWS), 0, "seed")
     with writers(db, pause_s=0.05, key_space=WRITTEN):
-        assert dblog(["dump", "-c", str(config_path), "--all"]) == 0
-        first = max(d.id for d in store.dumps(config.name))
-        until("the first dump", lambda: store.progress(first).state == "done", 300, stream)
         settle(spark, [db], config, COLUMNS, stream)
         _drift(spark, db, path)
         drifted = delta_version(path)
@@ -180,13 +180,15 @@ def test_verify_finds_the_drift_exactly_and_repairs_it_once_across_a_kill_9(
         assert [d.id for d in store.dumps(config.name)][-1] == dry  # no follow-up
         assert _dumped_rows_in_feed(spark, path, drifted) == 0  # nothing written
 
-        store.set_controls(config.name, delay_ms=1500)  # time to kill it halfway
+        # time to kill it halfway: one chunk at a time, seconds apart, once the stream reads it
+        store.set_controls(config.name, delay_ms=4000, parallelism=1)
+        time.sleep(CONTROLS_REFRESH_S + 1)
         repair = _verify(config_path, store, config)
-        halfway = lambda: _compared_chunks(store, repair) >= 2  # noqa: E731
-        until("two compared chunks", halfway, 300, stream)
+        halfway = lambda: _compared_chunks(store, repair) >= 1  # noqa: E731
+        until("a compared chunk", halfway, 300, stream)
         assert store.progress(repair).state == "running"
         stream.kill()
-        store.set_controls(config.name, delay_ms=0)
+        store.set_controls(config.name, delay_ms=0, parallelism=2)
         stream.start()
         until("the verify", lambda: store.progress(repair).state == "done", 300, stream)
         assert _counts(store, repair) == expected
