@@ -4,10 +4,12 @@ Messages keyed by the stream's name are read from ``sinks.kafka.signal_topic`` (
 other streams and are passed over)::
 
     {"type": "execute-snapshot", "data": {"data-collections": ["db.table"], "type": "INCREMENTAL"}}
+    {"type": "execute-snapshot", "data": {"data-collections": ["db.table"], "verify": "dry-run"}}
     {"type": "stop-snapshot", "data": {"data-collections": ["db.table"]}}   # or no data: all
     {"type": "pause-snapshot"}
     {"type": "resume-snapshot"}
 
+``verify`` (``repair`` or ``dry-run``; dblog's own, Debezium has none) makes it a verify dump.
 A signal is applied, then its offset committed: a restart never loses one. A dump started by a
 signal records ``kafka-signal <topic>/<partition>@<offset>`` as who asked, so a signal applied
 just before a crash is not applied twice. A malformed signal is logged and skipped.
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from airflow_dblog.config import Config
 from airflow_dblog.engine.kafka_admin import ensure_topics
 from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.metadata.models import VERIFY_MODES
 from airflow_dblog.engine.planner import plan_dump
 from airflow_dblog.errors import DblogError
 
@@ -38,6 +41,7 @@ class SignalError(DblogError):
 class Signal:
     type: str
     tables: tuple[str, ...] | None  # None: every table (execute) or every dump (stop)
+    verify: str | None = None  # execute-snapshot: a verify dump in this mode
 
 
 def parse_signal(value: bytes | None) -> Signal:
@@ -57,6 +61,12 @@ def parse_signal(value: bytes | None) -> Signal:
     snapshot = data.get("type", "INCREMENTAL")
     if not isinstance(snapshot, str) or snapshot.upper() != "INCREMENTAL":
         raise SignalError(f"snapshot type {snapshot!r} is not supported (INCREMENTAL is)")
+    verify = data.get("verify")
+    if verify is not None and (kind != "execute-snapshot" or verify not in VERIFY_MODES):
+        raise SignalError(
+            f'"verify" {verify!r} is not supported here: an execute-snapshot signal takes'
+            f" {' or '.join(VERIFY_MODES)}"
+        )
     collections = data.get("data-collections")
     if collections is None:
         if kind == "execute-snapshot":
@@ -64,7 +74,7 @@ def parse_signal(value: bytes | None) -> Signal:
         return Signal(kind, None)
     if not isinstance(collections, list) or not all(isinstance(c, str) for c in collections):
         raise SignalError('"data-collections" must be a list of "db.table" names')
-    return Signal(kind, tuple(collections))
+    return Signal(kind, tuple(collections), verify)
 
 
 class SignalChannel:
@@ -119,7 +129,10 @@ class SignalChannel:
         if signal.type == "execute-snapshot":
             if any(d.requested_by == requested_by for d in dumps):
                 return  # applied before a restart, offset not yet committed
-            plan_dump(self.config, self.store, list(signal.tables or ()), requested_by=requested_by)
+            tables = list(signal.tables or ())
+            plan_dump(
+                self.config, self.store, tables, requested_by=requested_by, verify=signal.verify
+            )
             return
         action, states = {
             "stop-snapshot": ("cancel", ACTIVE),

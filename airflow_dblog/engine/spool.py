@@ -43,11 +43,11 @@ class Outline(NamedTuple):
     refs: list[ChunkRef]
 
 
-def chunks_beside(spool: str) -> str:
-    """``<checkpoint>/chunks`` for the spool ``<checkpoint>/spool``."""
+def chunks_beside(spool: str, name: str = "chunks") -> str:
+    """``<checkpoint>/<name>`` for the spool ``<checkpoint>/spool``."""
     if is_uri(spool):
-        return spool.rstrip("/").rsplit("/", 1)[0] + "/chunks"
-    return str(Path(spool.removeprefix("file://")).parent / "chunks")
+        return spool.rstrip("/").rsplit("/", 1)[0] + "/" + name
+    return str(Path(spool.removeprefix("file://")).parent / name)
 
 
 class Spool:
@@ -65,6 +65,8 @@ class Spool:
         self.store = open_store(os.fspath(directory), conf)
         self.location = self.store.location
         self.chunks = ChunkFiles(chunks_beside(self.location), conf)
+        # the keys of dumped tables whose key order Spark does not share (engine/dump_keys.py)
+        self.dump_keys = ChunkFiles(chunks_beside(self.location, "dump-keys"), conf)
         self._folders: dict[int, list[str]] = {}  # chunk folders each segment refers to
         self.appended = threading.Event()  # set by each append: wakes a follower at once
         self._remember = remember_events

@@ -48,3 +48,11 @@ class ReadBack(Protocol):
     def compare(self, refs: Sequence[ChunkRef], files: ChunkFiles) -> Comparison:
         """What verify chunks found the sink holding differently from the source."""
         ...
+
+    def orders_keys(self, table: TableId) -> bool:
+        """Whether the sink orders the table's key as the source does."""
+        ...
+
+    def unlisted_keys(self, table: TableId, listed: Sequence[str], before: str) -> list[list[Any]]:
+        """The keys held live, last changed before ``before``, that no listed folder holds."""
+        ...

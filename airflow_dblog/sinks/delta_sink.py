@@ -32,6 +32,7 @@ from airflow_dblog.config import DeltaSinkConfig
 from airflow_dblog.core.events import TableId
 from airflow_dblog.engine.chunk_file import SPARK_DDL as CHUNK_DDL
 from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef
+from airflow_dblog.engine.dump_keys import SPARK_DDL as DUMP_KEYS_DDL
 from airflow_dblog.errors import DblogError, FencedError
 from airflow_dblog.sinks.base import Comparison, ExtraKeys
 from airflow_dblog.sources.base import Column, TableSchema
@@ -675,6 +676,40 @@ class DeltaSink:
             assert keys is not None
             keys.append(key)
         return found
+
+    def orders_keys(self, table: TableId) -> bool:
+        """Whether a chunk's key range means the same keys in Delta as at the source."""
+        return ordered_key(self.schemas[table])
+
+    def unlisted_keys(self, table: TableId, listed: Sequence[str], before: str) -> list[list[Any]]:
+        """The keys Delta holds live, last changed before ``before``, that none of the ``listed``
+        folders (:mod:`~airflow_dblog.engine.dump_keys`) holds: JSON values, as a key-list dump
+        takes them."""
+        from pyspark.sql import functions as F
+
+        lake = self._lake(table)
+        if lake is None:
+            return []
+        schema = self.schemas[table]
+        types = key_types(schema)
+        aliases = [f"_k{i}" for i in range(len(types))]
+        parsed = F.from_json(F.col("key"), "array<string>")
+        keys = (
+            self.spark.read.schema(DUMP_KEYS_DDL)
+            .parquet(*listed)
+            .select(
+                *[
+                    _typed(t, parsed.getItem(i)).alias(a)
+                    for i, (t, a) in enumerate(zip(types, aliases, strict=True))
+                ]
+            )
+        )
+        live = lake.where(~F.col("_dblog_deleted") & (F.col("_dblog_position") < F.lit(before)))
+        unlisted = live.select(
+            *[F.col(quoted(k)).alias(a) for k, a in zip(schema.key, aliases, strict=True)]
+        ).join(keys, aliases, "left_anti")
+        rows = unlisted.select(F.array(*[F.col(a).cast("string") for a in aliases])).collect()
+        return [[_key_value(t, v) for t, v in zip(types, r[0], strict=True)] for r in rows]
 
     def _lake(self, table: TableId) -> DataFrame | None:
         """The table's rows, None if Delta has no table yet (nothing is created to compare)."""

@@ -28,11 +28,13 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_dblog.config import Config
 from airflow_dblog.core.events import TableId
 from airflow_dblog.core.verify import FOUND, ChunkVerdict, verdict
+from airflow_dblog.engine import dump_keys
 from airflow_dblog.engine.capture import SpooledCapture
 from airflow_dblog.engine.chunk_file import POSITION_DIGITS, ChunkFiles, ChunkRef
 from airflow_dblog.engine.chunk_file import SPARK_DDL as CHUNK_DDL
@@ -134,7 +136,11 @@ class BatchCommitter:
             batch = FrameBatch(events, tables, dump_bounds(footers), logged_tables(footers))
             self.sink.write(last, batch)
         self.request_repairs(closed_refs)
-        self.verify_chunks(closed_refs)
+        swept = self.sweep(closed_refs)
+        self.verify_chunks(closed_refs, {s.chunk_id: s.keys for s in swept})
+        for done in swept:
+            for folder in done.folders:
+                self.spool.dump_keys.delete(folder)
         committed = self.barrier.held(self.sink.name, footers)
         closed = sum(len(f["closed"]) for f in committed)
         if count or closed:
@@ -183,7 +189,61 @@ class BatchCommitter:
                 created.extend(new)
         return created
 
-    def verify_chunks(self, refs: Sequence[ChunkRef]) -> dict[int, ChunkVerdict]:
+    def sweep(self, refs: Sequence[ChunkRef]) -> list[Swept]:
+        """The keys Delta holds that a table's whole dump found the source lacking, for tables
+        whose key order Spark does not share (:mod:`~airflow_dblog.engine.dump_keys`): each
+        closed range chunk's keys are kept; once every chunk of the table is in, Delta's live
+        keys last changed before the first chunk's window began that no chunk selected are
+        asked for again (an ordinary dump) or handed to the verdict of the chunk that completed
+        the table (a verify dump). A dump or chunk cancelled or failed sweeps nothing."""
+        if self.lake is None:
+            return []
+        mine = [
+            r
+            for r in refs
+            if r.covers is not None and r.low and not self.lake.orders_keys(TableId.parse(r.table))
+        ]
+        if not mine:
+            return []
+        keys = self.spool.dump_keys
+        for ref in mine:
+            dump_keys.record(self.spool.chunks, keys, ref)
+        swept: list[Swept] = []
+        for dump_id in sorted({r.dump_id for r in mine}):
+            recorded = dump_keys.recorded(keys, dump_id)
+            for table in sorted({r.table for r in mine if r.dump_id == dump_id}):
+                ended, chunks = self.store.table_chunks(dump_id, table)
+                if ended:
+                    for folder, _ in recorded.values():
+                        keys.delete(folder)
+                    continue
+                folders = dump_keys.complete(recorded, chunks)
+                if folders is None:
+                    continue
+                before = min(low for _, low in folders)
+                uris = [keys.uri(folder) for folder, _ in folders]
+                found = self.lake.unlisted_keys(TableId.parse(table), uris, before)
+                last = max(
+                    (r for r in mine if r.dump_id == dump_id and r.table == table),
+                    key=lambda r: r.chunk_id,
+                )
+                swept.append(Swept(last.chunk_id, found, [f for f, _ in folders]))
+                if found and not last.verify:
+                    key_columns = list(self.lake.schemas[TableId.parse(table)].key)
+                    new = self.store.request_repair(
+                        table, key_columns, dump_id, {last.chunk_id: found}
+                    )
+                    if new:
+                        log.info(
+                            "%s: %d keys Delta holds were in no chunk of dump %d; dump %s reads"
+                            " them again and deletes those the source lacks",
+                            table, len(found), dump_id, ", ".join(map(str, new)),
+                        )  # fmt: skip
+        return swept
+
+    def verify_chunks(
+        self, refs: Sequence[ChunkRef], swept: Mapping[int, list[list[Any]]] | None = None
+    ) -> dict[int, ChunkVerdict]:
         """After the MERGE, before the chunks complete: compare the batch's verify chunks with
         Delta and record what each found; a ``repair`` chunk's differences go to a key-list
         dump that reads them again and writes them (Delta only what differs, Kafka each one,
@@ -204,7 +264,9 @@ class BatchCommitter:
         found = self.lake.compare(verifying, self.spool.chunks)
         recorded: dict[int, ChunkVerdict] = {}
         for ref in verifying:
-            keys = found.get(ref.chunk_id, {})
+            keys = dict(found.get(ref.chunk_id, {}))
+            if swept and ref.chunk_id in swept:  # the table's extras, found at its last chunk
+                keys["extra"] = swept[ref.chunk_id]
             repair = ref.verify == "repair"
             result = verdict(ref.compared, keys, keys.get("extra") is not None, repair)
             if repair and result.differences:
@@ -221,6 +283,15 @@ class BatchCommitter:
                 recorded[ref.chunk_id] = result
                 log.info("%s chunk %d: %s", ref.table, ref.chunk_id, _summary(result))
         return recorded
+
+
+@dataclass(frozen=True)
+class Swept:
+    """A table's sweep: the chunk that completed it, the keys found, the folders read."""
+
+    chunk_id: int
+    keys: list[list[Any]]
+    folders: list[str]
 
 
 def _summary(result: ChunkVerdict) -> str:

@@ -443,6 +443,27 @@ class DumpsAndChunks(MetadataDatabase):
                 utcnow(),
             )
 
+    def table_chunks(self, dump_id: int, table: str) -> tuple[bool, list[int]]:
+        """Whether a table's dump gave up (it, or one of the table's chunks, was cancelled or
+        failed), and the table's chunks once every one is cut (empty before that)."""
+        with self.session(writes=False) as s:
+            dump = s.get(Dump, dump_id)
+            dumped = s.scalars(
+                select(DumpTable).where(DumpTable.dump_id == dump_id, DumpTable.table_name == table)
+            ).first()
+            if dump is None or dumped is None or dump.state in ("cancelled", "failed"):
+                return True, []
+            chunks = list(
+                s.execute(
+                    select(Chunk.id, Chunk.state).where(
+                        Chunk.dump_id == dump_id, Chunk.table_name == table
+                    )
+                )
+            )
+        if any(state in ("cancelled", "failed") for _, state in chunks):
+            return True, []
+        return False, sorted(c for c, _ in chunks) if dumped.exhausted else []
+
     def dump_modes(self, dump_ids: Collection[int]) -> dict[int, str]:
         """The verify mode of those of ``dump_ids`` that are verify dumps."""
         with self.session(writes=False) as s:

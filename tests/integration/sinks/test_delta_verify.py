@@ -150,3 +150,26 @@ def _version(spark: Any, path: str) -> int:
     from delta.tables import DeltaTable
 
     return int(DeltaTable.forPath(spark, path).history(1).collect()[0]["version"])
+
+
+def test_the_keys_no_listed_folder_holds_are_the_live_ones_changed_before_the_sweep_point(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A text key's sweep: Delta's live keys, last changed before ``before``, that no chunk
+    selected; tombstones and keys the log changed later are not counted."""
+    from airflow_dblog.engine.dump_keys import record
+
+    sink = _sink(spark, tmp_path, [])
+    events = [_event("c", a, 1, 10) for a in (1, 2, 3, 4)]
+    events += [_event("d", 3, 1, 11), _event("c", 5, 1, 500)]
+    sink._merge("t", 1, TEXT_TABLE, _frame(spark, events))
+    chunks, keys = ChunkFiles(str(tmp_path / "chunks")), ChunkFiles(str(tmp_path / "keys"))
+    row = {"a": 2, "b": "x", "qty": 1, "price": None, "at": None, "blob": None}
+    folder = ChunkFiles.new_folder(11)
+    chunks.write(folder, encode_rows(11, [((2, "x"), row)])[0])
+    listed = ChunkRef(str(TEXT_TABLE), 11, 3, folder, at(400), 0, 1, (), 1, low=at(100))
+    empty = ChunkRef(str(TEXT_TABLE), 12, 3, "", at(400), 0, 0, (), 1, low=at(200))
+    for ref in (listed, empty):
+        record(chunks, keys, ref)
+    uris = [keys.uri(f) for f in keys.folders()]
+    assert sorted(sink.unlisted_keys(TEXT_TABLE, uris, at(100))) == [[1, "x"], [4, "x"]]

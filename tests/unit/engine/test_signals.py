@@ -20,6 +20,8 @@ def test_parse_debezium_signals() -> None:
     assert parse_signal(execute) == Signal("execute-snapshot", ("db.t",))
     assert parse_signal(b'{"type": "pause-snapshot"}') == Signal("pause-snapshot", None)
     assert parse_signal(_doc("stop-snapshot")) == Signal("stop-snapshot", None)
+    verify = _doc("execute-snapshot", **{"data-collections": ["db.t"], "verify": "dry-run"})
+    assert parse_signal(verify) == Signal("execute-snapshot", ("db.t",), "dry-run")
 
 
 @pytest.mark.parametrize(
@@ -35,6 +37,8 @@ def test_parse_debezium_signals() -> None:
             _doc("execute-snapshot", **{"data-collections": ["db.t"], "type": "BLOCKING"}),
             "BLOCKING",
         ),
+        (_doc("execute-snapshot", **{"data-collections": ["db.t"], "verify": "yes"}), "verify"),
+        (_doc("stop-snapshot", verify="repair"), "verify"),
     ],
 )
 def test_malformed_signals_name_the_problem(value: bytes | None, problem: str) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from airflow_dblog.core.events import TableId
-from airflow_dblog.engine.chunk_file import ChunkRef
+from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef, encode_rows
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.metadata.dumps import TablePlan
 from airflow_dblog.engine.repairs import repaired_chunks
@@ -35,6 +35,9 @@ class _Lake:
         self.asked.append([r.chunk_id for r in refs])
         return self.found
 
+    def orders_keys(self, table: TableId) -> bool:
+        return True
+
 
 def _ref(chunk_id: int, dump_id: int, **kw: Any) -> ChunkRef:
     fields: dict[str, Any] = {
@@ -45,7 +48,9 @@ def _ref(chunk_id: int, dump_id: int, **kw: Any) -> ChunkRef:
 
 def _committer(tmp_path: Path, lake: _Lake) -> tuple[BatchCommitter, MetadataStore]:
     store = MetadataStore(f"sqlite:///{tmp_path}/meta.db")
-    spool = SimpleNamespace(chunks=None)
+    spool = SimpleNamespace(
+        chunks=ChunkFiles(str(tmp_path / "chunks")), dump_keys=ChunkFiles(str(tmp_path / "keys"))
+    )
     for _ in range(7):  # dumps 1-7 of stream "s", which the chunks below belong to
         store.create_dump("s", "tables", [])
     return BatchCommitter(lake, None, store, spool, lake=lake), store  # type: ignore[arg-type]
@@ -149,3 +154,68 @@ def test_a_verify_chunk_on_a_stream_without_delta_stops_it_with_the_fix(tmp_path
     ref = _ref(_verify_chunk(store, "repair"), 8, verify="repair")
     with pytest.raises(DblogError, match=r"verify needs sinks\.delta"):
         committer.verify_chunks([ref])
+
+
+class _UnorderedLake(_Lake):
+    """Delta for a table whose key order Spark does not share: the keys no chunk listed."""
+
+    def __init__(self, unlisted: list[list[Any]]) -> None:
+        super().__init__({})
+        self.unlisted = unlisted
+        self.swept: list[tuple[list[str], str]] = []
+
+    def orders_keys(self, table: TableId) -> bool:
+        return False
+
+    def unlisted_keys(self, table: TableId, listed: list[str], before: str) -> list[list[Any]]:
+        self.swept.append((listed, before))
+        return self.unlisted
+
+
+def _two_chunks(store: MetadataStore) -> tuple[int, int, int]:
+    """A dump of T cut into ``(-inf, 10]`` and ``(10, 20]``: the dump and its chunks."""
+    dump_id = store.create_dump("s", "tables", [TablePlan(str(T), ["id"], 20)])
+    table_id = store.dump_tables(dump_id)[0].id
+    store.set_table_bound(table_id, [20])
+    first = store.cut_range_chunk(table_id, None, [10], "w")
+    last = store.cut_range_chunk(table_id, [10], None, "w")
+    assert first is not None and last is not None
+    return dump_id, first.id, last.id
+
+
+def _closed(files: ChunkFiles, dump_id: int, chunk_id: int, keys: list[int], low: str) -> ChunkRef:
+    folder = ChunkFiles.new_folder(chunk_id)
+    files.write(folder, encode_rows(chunk_id, [((k,), {"id": k}) for k in keys])[0])
+    return ChunkRef(
+        str(T), chunk_id, dump_id, folder, "0009", 0, len(keys), (), 1, low=low,
+        covers=[None, [20]],
+    )  # fmt: skip
+
+
+def test_a_table_whose_key_order_spark_lacks_is_swept_once_its_last_chunk_is_in(
+    tmp_path: Path,
+) -> None:
+    lake = _UnorderedLake([[15]])
+    committer, store = _committer(tmp_path, lake)
+    dump_id, first, last = _two_chunks(store)
+    files = committer.spool.chunks
+    assert committer.sweep([_closed(files, dump_id, first, [1, 2], "0005")]) == []
+    assert lake.swept == []  # the table's last chunk is not in yet
+    (swept,) = committer.sweep([_closed(files, dump_id, last, [], "0003")])
+    ((listed, before),) = lake.swept
+    assert (swept.chunk_id, swept.keys, before, len(listed)) == (last, [[15]], "0003", 2)
+    (follow_up,) = [d.id for d in store.dumps("s") if d.id > dump_id]
+    assert repaired_chunks(store.dump(follow_up).requested_by, dump_id) == {last}
+    assert [c.keys for c in store.chunks(follow_up)] == [[[15]]]
+
+
+def test_a_cancelled_dump_sweeps_nothing_and_drops_the_keys_it_kept(tmp_path: Path) -> None:
+    lake = _UnorderedLake([[15]])
+    committer, store = _committer(tmp_path, lake)
+    dump_id, first, last = _two_chunks(store)
+    files = committer.spool.chunks
+    committer.sweep([_closed(files, dump_id, first, [1, 2], "0005")])
+    assert committer.spool.dump_keys.folders()
+    store.apply(dump_id, "cancel")
+    assert committer.sweep([_closed(files, dump_id, last, [], "0003")]) == []
+    assert lake.swept == [] and committer.spool.dump_keys.folders() == []
