@@ -3,10 +3,12 @@
 One run, one JSON object. ``dblog stream`` (Delta + Kafka, or one of them) dumps table
 ``bench`` three times: into an empty Delta table (``first``), again unchanged (``again``), and
 again after 1% of its rows changed where the binlog does not see it (``sql_log_bin = 0``:
-``drift``). For each: seconds until the dump is done (every sink holds its rows), rows/s,
-CPU seconds of the job's process tree (driver, JVM, Python workers) and per 1,000 rows, and the
-rows Delta wrote (from its commits' metrics), next to a plain keyset SELECT of the same table in
-the same run.
+``drift``); then, after another 1% drifted the same way, ``dblog verify --dry-run``
+(``verify_dry``) and ``dblog verify`` (``verify_repair``: the verify dump and the follow-up dump
+that writes the differences). For each: seconds until the dump is done (every sink holds its
+rows), rows/s, CPU seconds of the job's process tree (driver, JVM, Python workers) and per 1,000
+rows, and the rows Delta wrote (from its commits' metrics), next to a plain keyset SELECT of the
+same table in the same run.
 
     python benchmarks/bench_redump.py [--rows 200000] [--chunk-size 10000] [--sinks both]
 
@@ -111,18 +113,24 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
             time.sleep(0.5)
         time.sleep(20)
 
-        def dump(phase: str) -> None:
+        def dump(phase: str, command: str = "dump", *options: str) -> None:
+            """One dump (or verify) of the table, until it and any follow-up are done."""
             version = delta_version(table_path)
             cpu = cpu_seconds(process_tree(proc.pid))
             started = time.perf_counter()
-            assert dblog(["dump", "-c", str(config_path), "--table", f"{db}.bench"]) == 0
+            assert dblog([command, "-c", str(config_path), "--table", f"{db}.bench", *options]) == 0
             dump_id = max(d.id for d in store.dumps(config.name))
-            while store.progress(dump_id).state != "done":
+            while any(
+                store.progress(d.id).state != "done"
+                for d in store.dumps(config.name)
+                if d.id >= dump_id
+            ):
                 assert proc.poll() is None, f"the stream exited; see {work / 'stream.log'}"
                 time.sleep(0.2)
             took = time.perf_counter() - started
             cpu = cpu_seconds(process_tree(proc.pid)) - cpu
-            rows = store.progress(dump_id).rows_emitted
+            progress = store.progress(dump_id)
+            rows = progress.rows_emitted if progress.verify is None else progress.rows_selected
             result[phase] = {
                 "seconds": round(took, 1),
                 "rows_per_s": round(rows / took),
@@ -131,19 +139,31 @@ spark: {{master: "local[2]", conf: {{spark.ui.enabled: false}}}}
                 "cpu_ms_per_1000_rows": round(cpu * 1e6 / rows),
                 "delta_rows_written": delta_rows_written(table_path, version),
             }
+            if progress.verify is not None:
+                found = progress.verify.as_dict()
+                result[phase]["found"] = {
+                    k: found[k] for k in ("checked", "missing", "extra", "different", "repaired")
+                }
+
+        def drift(seed: int) -> int:
+            changed = random.Random(seed).sample(range(args.rows), int(args.rows * args.drift))
+            with conn.cursor() as cur:
+                cur.execute("SET SESSION sql_log_bin = 0")
+                for i in range(0, len(changed), 1000):
+                    ids = changed[i : i + 1000]
+                    marks = ", ".join(["%s"] * len(ids))
+                    update = f"UPDATE `{db}`.bench SET qty = qty + 7 WHERE id IN ({marks})"
+                    cur.execute(update, ids)
+                cur.execute("SET SESSION sql_log_bin = 1")
+            return len(changed)
 
         dump("first")
         dump("again")
-        changed = random.Random(1).sample(range(args.rows), int(args.rows * args.drift))
-        with conn.cursor() as cur:
-            cur.execute("SET SESSION sql_log_bin = 0")
-            for i in range(0, len(changed), 1000):
-                ids = changed[i : i + 1000]
-                marks = ", ".join(["%s"] * len(ids))
-                cur.execute(f"UPDATE `{db}`.bench SET qty = qty + 7 WHERE id IN ({marks})", ids)
-            cur.execute("SET SESSION sql_log_bin = 1")
-        result["drifted_rows"] = len(changed)
+        result["drifted_rows"] = drift(1)
         dump("drift")
+        result["drifted_again"] = drift(2)
+        dump("verify_dry", "verify", "--dry-run")
+        dump("verify_repair", "verify")
         result["plain_select_rows_per_s"] = round(select_rps)
         result["again_vs_first_cpu"] = round(
             result["again"]["job_cpu_s"] / result["first"]["job_cpu_s"], 2
