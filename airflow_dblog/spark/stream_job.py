@@ -262,26 +262,29 @@ class BatchCommitter:
                 "cancel the dump (dblog cancel); verify needs sinks.delta",
             )
         found = self.lake.compare(verifying, self.spool.chunks)
-        recorded: dict[int, ChunkVerdict] = {}
+        results: dict[int, ChunkVerdict] = {}
+        differing: dict[tuple[str, int], dict[int, list[list[Any]]]] = {}
         for ref in verifying:
             keys = dict(found.get(ref.chunk_id, {}))
             if swept and ref.chunk_id in swept:  # the table's extras, found at its last chunk
                 keys["extra"] = swept[ref.chunk_id]
             repair = ref.verify == "repair"
-            result = verdict(ref.compared, keys, keys.get("extra") is not None, repair)
-            if repair and result.differences:
-                differing = [k for kind in FOUND for k in keys.get(kind) or ()]
-                key_columns = list(self.lake.schemas[TableId.parse(ref.table)].key)
-                self.store.request_repair(
-                    ref.table,
-                    key_columns,
-                    ref.dump_id,
-                    {ref.chunk_id: differing},
-                    reason=DIFFERENCES,
+            results[ref.chunk_id] = verdict(
+                ref.compared, keys, keys.get("extra") is not None, repair
+            )
+            if repair and results[ref.chunk_id].differences:
+                by_chunk = differing.setdefault((ref.table, ref.dump_id), {})
+                by_chunk[ref.chunk_id] = [k for kind in FOUND for k in keys.get(kind) or ()]
+        for (table, dump_id), by_chunk in sorted(differing.items()):
+            key_columns = list(self.lake.schemas[TableId.parse(table)].key)
+            self.store.request_repair(table, key_columns, dump_id, by_chunk, reason=DIFFERENCES)
+        recorded: dict[int, ChunkVerdict] = {}
+        for ref in verifying:
+            if self.store.record_verdict(ref.chunk_id, results[ref.chunk_id]):
+                recorded[ref.chunk_id] = results[ref.chunk_id]
+                log.info(
+                    "%s chunk %d: %s", ref.table, ref.chunk_id, _summary(recorded[ref.chunk_id])
                 )
-            if self.store.record_verdict(ref.chunk_id, result):
-                recorded[ref.chunk_id] = result
-                log.info("%s chunk %d: %s", ref.table, ref.chunk_id, _summary(result))
         return recorded
 
 
