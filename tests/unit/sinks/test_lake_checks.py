@@ -1,28 +1,24 @@
-"""Delta's batch hands the keys its range chunks found extra, and the differences its verify
-chunks found, to a follow-up dump, once."""
+"""The checks after Delta's batch: the keys range chunks found extra, a whole table's sweep and
+verify chunks' differences go to a follow-up dump, once; a verify chunk's first verdict stays."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
-
-import pytest
 
 from airflow_dblog.core.events import TableId
 from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef, encode_rows
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.metadata.dumps import TablePlan
 from airflow_dblog.engine.repairs import repaired_chunks
-from airflow_dblog.errors import DblogError
+from airflow_dblog.sinks.lake_checks import LakeChecks
 from airflow_dblog.sources.base import Column, TableSchema
-from airflow_dblog.spark.stream_job import BatchCommitter
 
 T = TableId("app", "t")
 
 
 class _Lake:
-    """Delta as the committer sees it: the keys it holds beyond each chunk's rows."""
+    """Delta as the checks sees it: the keys it holds beyond each chunk's rows."""
 
     name = "delta"
 
@@ -46,14 +42,12 @@ def _ref(chunk_id: int, dump_id: int, **kw: Any) -> ChunkRef:
     return ChunkRef(str(T), chunk_id, dump_id, "", "0002", 0, ts_ms=1, **fields)
 
 
-def _committer(tmp_path: Path, lake: _Lake) -> tuple[BatchCommitter, MetadataStore]:
+def _checks(tmp_path: Path, lake: _Lake) -> tuple[LakeChecks, MetadataStore]:
     store = MetadataStore(f"sqlite:///{tmp_path}/meta.db")
-    spool = SimpleNamespace(
-        chunks=ChunkFiles(str(tmp_path / "chunks")), dump_keys=ChunkFiles(str(tmp_path / "keys"))
-    )
     for _ in range(7):  # dumps 1-7 of stream "s", which the chunks below belong to
         store.create_dump("s", "tables", [])
-    return BatchCommitter(lake, None, store, spool, lake=lake), store  # type: ignore[arg-type]
+    files = ChunkFiles(str(tmp_path / "chunks")), ChunkFiles(str(tmp_path / "keys"))
+    return LakeChecks(lake, store, *files), store  # type: ignore[arg-type]
 
 
 def _follow_ups(store: MetadataStore) -> list[int]:
@@ -62,22 +56,22 @@ def _follow_ups(store: MetadataStore) -> list[int]:
 
 def test_a_replayed_batch_asks_for_its_follow_up_dump_once(tmp_path: Path) -> None:
     lake = _Lake({str(T): {10: [[3]], 11: [[7], [8]]}})
-    committer, store = _committer(tmp_path, lake)
+    checks, store = _checks(tmp_path, lake)
     refs = [_ref(10, 2), _ref(11, 2), _ref(12, 2, covers=None, low="")]  # 12: a key list
-    (created,) = committer.request_repairs(refs)
+    (created,) = checks.request_repairs(refs)
     assert lake.asked == [[10, 11]]
     dump = store.dump(created)
     assert (dump.kind, dump.tables) == ("keys", [str(T)])
     assert repaired_chunks(dump.requested_by, 2) == {10, 11}
     assert [c.keys for c in store.chunks(created)] == [[[3], [7], [8]]]
-    assert committer.request_repairs(refs) == []  # the same batch after a crash
+    assert checks.request_repairs(refs) == []  # the same batch after a crash
     assert _follow_ups(store) == [created]
 
 
 def test_chunks_of_two_dumps_get_a_follow_up_each(tmp_path: Path) -> None:
     lake = _Lake({str(T): {10: [[3]], 20: [[30]]}})
-    committer, store = _committer(tmp_path, lake)
-    first, second = committer.request_repairs([_ref(10, 2), _ref(20, 5)])
+    checks, store = _checks(tmp_path, lake)
+    first, second = checks.request_repairs([_ref(10, 2), _ref(20, 5)])
     assert repaired_chunks(store.dump(first).requested_by, 2) == {10}
     assert repaired_chunks(store.dump(second).requested_by, 5) == {20}
 
@@ -86,9 +80,9 @@ def test_nothing_extra_asks_for_nothing_and_chunks_without_a_range_are_not_looke
     tmp_path: Path,
 ) -> None:
     lake = _Lake({})
-    committer, store = _committer(tmp_path, lake)
-    assert committer.request_repairs([_ref(30, 7)]) == [] and _follow_ups(store) == []
-    assert committer.request_repairs([_ref(31, 7, low="")]) == []
+    checks, store = _checks(tmp_path, lake)
+    assert checks.request_repairs([_ref(30, 7)]) == [] and _follow_ups(store) == []
+    assert checks.request_repairs([_ref(31, 7, low="")]) == []
     assert lake.asked == [[30]]
 
 
@@ -116,12 +110,12 @@ def test_a_repair_verify_asks_once_for_its_differences_and_keeps_its_first_verdi
 ) -> None:
     found = {"missing": [[1]], "different": [[2]], "extra": [[9]]}
     lake = _VerifyingLake({})
-    committer, store = _committer(tmp_path, lake)
+    checks, store = _checks(tmp_path, lake)
     chunk_id = _verify_chunk(store, "repair")
     lake.compared = {chunk_id: found}
     ref = _ref(chunk_id, 8, selected=3, verify="repair", covers=None, low="")
-    assert committer.request_repairs([ref]) == []  # a verify chunk's extras are its own
-    (verdict,) = committer.verify_chunks([ref]).values()
+    assert checks.request_repairs([ref]) == []  # a verify chunk's extras are its own
+    (verdict,) = checks.verify_chunks([ref]).values()
     assert (verdict.checked, verdict.missing, verdict.different, verdict.extra) == (3, 1, 1, 1)
     assert verdict.repaired == 3
     (follow_up,) = _follow_ups(store)[-1:]
@@ -129,31 +123,23 @@ def test_a_repair_verify_asks_once_for_its_differences_and_keeps_its_first_verdi
     assert [sorted(c.keys or []) for c in store.chunks(follow_up)] == [[[1], [2], [9]]]
 
     lake.compared = {chunk_id: {"missing": [], "different": [], "extra": []}}
-    assert committer.verify_chunks([ref]) == {}  # replayed after a crash: the first stays
+    assert checks.verify_chunks([ref]) == {}  # replayed after a crash: the first stays
     assert _follow_ups(store)[-1] == follow_up
     assert store.chunk(chunk_id).verified["missing"] == 1
 
 
 def test_a_dry_run_verify_records_its_counts_and_asks_for_nothing(tmp_path: Path) -> None:
     lake = _VerifyingLake({})
-    committer, store = _committer(tmp_path, lake)
+    checks, store = _checks(tmp_path, lake)
     chunk_id = _verify_chunk(store, "dry-run")
     lake.compared = {chunk_id: {"missing": [[1]], "different": [], "extra": None}}
     ref = _ref(chunk_id, 8, selected=3, drops=(0,), verify="dry-run")
-    (verdict,) = committer.verify_chunks([ref]).values()
+    (verdict,) = checks.verify_chunks([ref]).values()
     assert (verdict.checked, verdict.missing, verdict.extra, verdict.repaired) == (2, 1, None, 0)
     assert verdict.examples == (("missing", (1,)),)
     assert [d.id for d in store.dumps("s") if d.kind == "keys"] == [8]  # the verify itself
     report = store.progress(8).verify
     assert report is not None and report.extra_unchecked == {str(T)}
-
-
-def test_a_verify_chunk_on_a_stream_without_delta_stops_it_with_the_fix(tmp_path: Path) -> None:
-    committer, store = _committer(tmp_path, _Lake({}))
-    committer.lake = None
-    ref = _ref(_verify_chunk(store, "repair"), 8, verify="repair")
-    with pytest.raises(DblogError, match=r"verify needs sinks\.delta"):
-        committer.verify_chunks([ref])
 
 
 class _UnorderedLake(_Lake):
@@ -196,12 +182,12 @@ def test_a_table_whose_key_order_spark_lacks_is_swept_once_its_last_chunk_is_in(
     tmp_path: Path,
 ) -> None:
     lake = _UnorderedLake([[15]])
-    committer, store = _committer(tmp_path, lake)
+    checks, store = _checks(tmp_path, lake)
     dump_id, first, last = _two_chunks(store)
-    files = committer.spool.chunks
-    assert committer.sweep([_closed(files, dump_id, first, [1, 2], "0005")]) == []
+    files = checks.chunks
+    assert checks.sweep([_closed(files, dump_id, first, [1, 2], "0005")]) == []
     assert lake.swept == []  # the table's last chunk is not in yet
-    (swept,) = committer.sweep([_closed(files, dump_id, last, [], "0003")])
+    (swept,) = checks.sweep([_closed(files, dump_id, last, [], "0003")])
     ((listed, before),) = lake.swept
     assert (swept.chunk_id, swept.keys, before, len(listed)) == (last, [[15]], "0003", 2)
     (follow_up,) = [d.id for d in store.dumps("s") if d.id > dump_id]
@@ -211,11 +197,11 @@ def test_a_table_whose_key_order_spark_lacks_is_swept_once_its_last_chunk_is_in(
 
 def test_a_cancelled_dump_sweeps_nothing_and_drops_the_keys_it_kept(tmp_path: Path) -> None:
     lake = _UnorderedLake([[15]])
-    committer, store = _committer(tmp_path, lake)
+    checks, store = _checks(tmp_path, lake)
     dump_id, first, last = _two_chunks(store)
-    files = committer.spool.chunks
-    committer.sweep([_closed(files, dump_id, first, [1, 2], "0005")])
-    assert committer.spool.dump_keys.folders()
+    files = checks.chunks
+    checks.sweep([_closed(files, dump_id, first, [1, 2], "0005")])
+    assert checks.keys.folders()
     store.apply(dump_id, "cancel")
-    assert committer.sweep([_closed(files, dump_id, last, [], "0003")]) == []
-    assert lake.swept == [] and committer.spool.dump_keys.folders() == []
+    assert checks.sweep([_closed(files, dump_id, last, [], "0003")]) == []
+    assert lake.swept == [] and checks.keys.folders() == []
