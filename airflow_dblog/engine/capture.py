@@ -197,9 +197,20 @@ class Capture:
         )
 
     def _verify_mode(self, dump_id: int) -> str:
-        """The dump's verify mode ("": an ordinary dump), asked once per dump."""
+        """The dump's verify mode ("": an ordinary dump), asked once per dump.
+
+        A stream without a Delta table has nothing to compare a verify chunk with (the planner
+        refuses, but the config may have changed since): the dump fails rather than end done
+        with nothing compared, and its chunks still write nothing."""
         if dump_id not in self._verify_modes:
-            self._verify_modes[dump_id] = self.store.dump_modes([dump_id]).get(dump_id, "")
+            mode = self.store.dump_modes([dump_id]).get(dump_id, "")
+            if mode and self.config.delta is None:
+                self.store.fail(
+                    dump_id,
+                    "verify compares chunks with the Delta tables, and this stream has no"
+                    " sinks.delta",
+                )
+            self._verify_modes[dump_id] = mode
         return self._verify_modes[dump_id]
 
     def _publish(self, output: list[Published], items: list[LogItem]) -> None:

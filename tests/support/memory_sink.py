@@ -65,9 +65,11 @@ class MemoryCapture(Capture):
     ) -> None:
         super().__init__(config, store, source, reader, batch_id=batch_id)
         self.sinks = list(sinks)
+        self.placed: list[ChunkRef] = []  # every closed chunk's reference
 
     def _publish(self, output: list[Published], items: list[LogItem]) -> None:
         refs = [o for o in output if isinstance(o, ChunkRef)]
+        self.placed.extend(refs)
         events = list(self._events(output))
         for sink in self.sinks:
             sink.write(self.batch_id, events)

@@ -6,6 +6,7 @@ with writes that converges to the table, and restarts from the saved offset.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from airflow_dblog.core.events import ChangeEvent, LogItem, TableId, WatermarkEv
 from airflow_dblog.engine.capture import Published
 from airflow_dblog.engine.chunk_file import ChunkRef
 from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.metadata.dumps import TablePlan
 from airflow_dblog.engine.planner import plan_dump
 from tests.support.fake_source import FakeChangelogReader, FakeDatabase, FakeSource, fake_config
 from tests.support.memory_sink import MemoryCapture, MemorySink
@@ -235,6 +237,39 @@ def test_a_dump_of_keys_the_source_lacks_deletes_them_after_the_rows_it_found(
     assert [e.before for e in dumped[1:]] == [{"id": 3}, {"id": 4}]
     assert sink.rows(items) == fake_db.rows(items) == {(1,): {"id": 1, "v": "a"}}
     assert meta.progress(dump_id).rows_emitted == 3
+
+
+def test_a_verify_dump_writes_nothing_and_its_references_carry_the_keys_the_source_lacks(
+    fake_db: FakeDatabase, items: TableId, meta: MetadataStore, tmp_path: Path
+) -> None:
+    config = fake_config(fake_db, [items], tmp_path)
+    sink = MemorySink()
+    capture = _open(config, meta, fake_db, sink)
+    fake_db.insert(items, {"id": 1, "v": "a"}, {"id": 3, "v": "c"})
+    _drain(capture, fake_db)
+    del fake_db.tables[items].rows[(3,)]  # a delete the log never carried
+    dump_id = plan_dump(config, meta, [str(items)], keys=[1, 3, 4], verify="dry-run")
+    _run_until(capture, lambda: meta.progress(dump_id).state == "done")
+    capture.close()
+    assert [e for e in sink.received if e.dump_id == dump_id] == []
+    (ref,) = [r for r in capture.placed if r.dump_id == dump_id]
+    assert (ref.verify, ref.selected, ref.emitted, ref.deleted) == ("dry-run", 1, 0, 0)
+    assert ref.absent == [[3], [4]]
+    assert meta.progress(dump_id).rows_emitted == 0
+
+
+def test_a_verify_dump_on_a_stream_without_delta_fails_instead_of_comparing_nothing(
+    fake_db: FakeDatabase, items: TableId, meta: MetadataStore, tmp_path: Path
+) -> None:
+    config = dataclasses.replace(fake_config(fake_db, [items], tmp_path), delta=None)
+    capture = _open(config, meta, fake_db, MemorySink())
+    fake_db.insert(items, {"id": 1, "v": "a"})
+    _drain(capture, fake_db)
+    plan = TablePlan(str(items), ["id"], 1, [[[1]]])
+    dump_id = meta.create_dump(config.name, "keys", [plan], verify="repair")
+    _run_until(capture, lambda: meta.progress(dump_id).state == "failed")
+    capture.close()
+    assert "no sinks.delta" in (meta.progress(dump_id).reason or "")
 
 
 def test_a_range_chunks_reference_carries_its_window_start_and_the_keys_it_covered(
