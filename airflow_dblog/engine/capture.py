@@ -203,7 +203,7 @@ class Capture:
         refuses, but the config may have changed since): the dump fails rather than end done
         with nothing compared, and its chunks still write nothing."""
         if dump_id not in self._verify_modes:
-            mode = self.store.dump_modes([dump_id]).get(dump_id, "")
+            mode = self.store.verify_mode(dump_id) or ""
             if mode and self.config.delta is None:
                 self.store.fail(
                     dump_id,

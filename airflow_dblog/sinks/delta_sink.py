@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_dblog.config import DeltaSinkConfig
 from airflow_dblog.core.events import TableId
+from airflow_dblog.engine.chunk_file import POSITION_DIGITS, ChunkFiles, ChunkRef
 from airflow_dblog.engine.chunk_file import SPARK_DDL as CHUNK_DDL
-from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef
 from airflow_dblog.engine.dump_keys import SPARK_DDL as DUMP_KEYS_DDL
+from airflow_dblog.engine.event_text import encode_json
 from airflow_dblog.errors import DblogError, FencedError
 from airflow_dblog.sinks.base import Comparison, ExtraKeys
 from airflow_dblog.sources.base import Column, TableSchema
@@ -170,11 +171,75 @@ def same_values(schema: TableSchema, left: str, right: str) -> SparkColumn:
     return same
 
 
-def encode_key(key: Sequence[Any]) -> str:
-    """A key's JSON values as the chunk files' ``key`` column holds them."""
-    import json
+def _typed_key(types: Sequence[DataType], aliases: Sequence[str]) -> list[SparkColumn]:
+    """A ``key`` column of JSON values (chunk files, kept keys) as typed columns ``aliases``."""
+    from pyspark.sql import functions as F
 
-    return json.dumps(list(key), separators=(",", ":"))
+    parsed = F.from_json(F.col("key"), "array<string>")
+    return [
+        _typed(t, parsed.getItem(i)).alias(a)
+        for i, (t, a) in enumerate(zip(types, aliases, strict=True))
+    ]
+
+
+def _text_key(columns: Sequence[str]) -> SparkColumn:
+    """Key columns as an array of text, ``key``, which :func:`_json_key` reads back."""
+    from pyspark.sql import functions as F
+
+    return F.array(*[F.col(c).cast("string") for c in columns]).alias("key")
+
+
+def _json_key(types: Sequence[DataType], texts: Sequence[str]) -> list[Any]:
+    return [_key_value(t, v) for t, v in zip(types, texts, strict=True)]
+
+
+def _same_key(schema: TableSchema) -> SparkColumn:
+    """The ON clause of target ``t`` and source ``s`` rows of one key."""
+    from pyspark.sql import functions as F
+
+    on = F.lit(True)
+    for k in schema.key:
+        on = on & F.col(f"t.{quoted(k)}").eqNullSafe(F.col(f"s.{quoted(k)}"))
+    return on
+
+
+def dumped_rows(
+    spark: SparkSession,
+    files: ChunkFiles,
+    refs: Sequence[tuple[int, ChunkRef]],
+    columns: Sequence[str],
+) -> DataFrame:
+    """The closed chunks' rows as events (``columns`` of ``segment.EVENT_COLUMNS``, ``seq``
+    and ``chunk_id``), read by the executors from the chunk files: each ref's rows but those
+    its window dropped, at their positions; ``refs`` pairs each with its spool segment."""
+    from pyspark.sql import functions as F
+
+    chunk_ids = [ref.chunk_id for _, ref in refs]
+    if len(set(chunk_ids)) != len(chunk_ids):
+        raise DblogError(f"a batch refers to one chunk twice: {sorted(chunk_ids)}")
+    rows = spark.read.schema(CHUNK_DDL).parquet(*[files.uri(ref.folder) for _, ref in refs])
+    meta = spark.createDataFrame(
+        [
+            (r.chunk_id, seq, r.table, r.position_prefix(), r.first, r.dump_id, r.ts_ms)
+            for seq, r in refs
+        ],
+        "chunk_id BIGINT, seq BIGINT, table STRING, prefix STRING, first BIGINT,"
+        " dump_id BIGINT, ts_ms BIGINT",
+    )
+    rows = rows.join(F.broadcast(meta), "chunk_id")
+    drops = [(r.chunk_id, idx) for _, r in refs for idx in r.drops]
+    if drops:
+        dropped = spark.createDataFrame(drops, "chunk_id BIGINT, idx BIGINT")
+        rows = rows.join(F.broadcast(dropped), ["chunk_id", "idx"], "left_anti")
+    index = (F.col("first") + F.col("idx") + 1).cast("string")
+    computed = {
+        "op": F.lit("r"),
+        "position": F.concat(F.col("prefix"), F.lpad(index, POSITION_DIGITS, "0")),
+        "before": F.lit(None).cast("string"),
+        "unavailable": F.array().cast("array<string>"),
+        "source": F.lit("{}"),
+    }
+    return rows.select(*[computed.get(c, F.col(c)).alias(c) for c in columns])
 
 
 def table_path(config: DeltaSinkConfig, table: TableId) -> str:
@@ -367,9 +432,7 @@ class DeltaSink:
                 self._append(app_id, version, rows.drop("_unavailable"), table)
                 return
             self._holding.add(table)
-        on = F.lit(True)
-        for k in schema.key:
-            on = on & F.col(f"t.{quoted(k)}").eqNullSafe(F.col(f"s.{quoted(k)}"))
+        on = _same_key(schema)
         if bounds is not None:
             key_type = key_types(schema)[0]
             low, high = (_typed(key_type, F.lit(str(b))) for b in bounds)
@@ -561,7 +624,7 @@ class DeltaSink:
             return {}
         found: ExtraKeys = {}
         for row in reduce(lambda a, b: a.unionByName(b), parts).collect():
-            key = [_key_value(t, v) for t, v in zip(types[row["table"]], row["key"], strict=True)]
+            key = _json_key(types[row["table"]], row["key"])
             found.setdefault(row["table"], {}).setdefault(row["chunk_id"], []).append(key)
         return found
 
@@ -608,24 +671,13 @@ class DeltaSink:
         )
         folders = [files.uri(ref.folder) for ref in checks if ref.folder]
         if folders:
-            spark = self.spark
-            parsed = F.from_json(F.col("key"), "array<string>")
-            selected = (
-                spark.read.schema(CHUNK_DDL)
-                .parquet(*folders)
-                .select(
-                    "chunk_id",
-                    *[
-                        _typed(t, parsed.getItem(i)).alias(a)
-                        for i, (t, a) in enumerate(zip(types, aliases, strict=True))
-                    ],
-                )
-            )
+            chunk_rows = self.spark.read.schema(CHUNK_DDL).parquet(*folders)
+            selected = chunk_rows.select("chunk_id", *_typed_key(types, aliases))
             candidates = candidates.join(selected, ["chunk_id", *aliases], "left_anti")
         return candidates.select(
             F.lit(name).alias("table"),
             F.col("chunk_id").cast("bigint").alias("chunk_id"),
-            F.array(*[F.col(a).cast("string") for a in aliases]).alias("key"),
+            _text_key(aliases),
         )
 
     def compare(self, refs: Sequence[ChunkRef], files: ChunkFiles) -> Comparison:
@@ -671,7 +723,7 @@ class DeltaSink:
         if not parts:
             return found
         for row in reduce(lambda a, b: a.unionByName(b), parts).collect():
-            key = [_key_value(t, v) for t, v in zip(types[row["table"]], row["key"], strict=True)]
+            key = _json_key(types[row["table"]], row["key"])
             keys = found[row["chunk_id"]][row["found"]]
             assert keys is not None
             keys.append(key)
@@ -693,23 +745,12 @@ class DeltaSink:
         schema = self.schemas[table]
         types = key_types(schema)
         aliases = [f"_k{i}" for i in range(len(types))]
-        parsed = F.from_json(F.col("key"), "array<string>")
-        keys = (
-            self.spark.read.schema(DUMP_KEYS_DDL)
-            .parquet(*listed)
-            .select(
-                *[
-                    _typed(t, parsed.getItem(i)).alias(a)
-                    for i, (t, a) in enumerate(zip(types, aliases, strict=True))
-                ]
-            )
-        )
+        keys = self.spark.read.schema(DUMP_KEYS_DDL).parquet(*listed)
         live = lake.where(~F.col("_dblog_deleted") & (F.col("_dblog_position") < F.lit(before)))
         unlisted = live.select(
             *[F.col(quoted(k)).alias(a) for k, a in zip(schema.key, aliases, strict=True)]
-        ).join(keys, aliases, "left_anti")
-        rows = unlisted.select(F.array(*[F.col(a).cast("string") for a in aliases])).collect()
-        return [[_key_value(t, v) for t, v in zip(types, r[0], strict=True)] for r in rows]
+        ).join(keys.select(*_typed_key(types, aliases)), aliases, "left_anti")
+        return [_json_key(types, r["key"]) for r in unlisted.select(_text_key(aliases)).collect()]
 
     def _lake(self, table: TableId) -> DataFrame | None:
         """The table's rows, None if Delta has no table yet (nothing is created to compare)."""
@@ -732,27 +773,10 @@ class DeltaSink:
         chunks' rows that Delta does not hold as they are."""
         from pyspark.sql import functions as F
 
-        spark = self.spark
-        rows = spark.read.schema(CHUNK_DDL).parquet(*[files.uri(r.folder) for r in refs])
-        meta = spark.createDataFrame(
-            [(r.chunk_id, r.row_position(0)) for r in refs], "chunk_id BIGINT, position STRING"
-        )
-        rows = rows.join(F.broadcast(meta), "chunk_id")
-        drops = [(r.chunk_id, idx) for r in refs for idx in r.drops]
-        if drops:
-            dropped = spark.createDataFrame(drops, "chunk_id BIGINT, idx BIGINT")
-            rows = rows.join(F.broadcast(dropped), ["chunk_id", "idx"], "left_anti")
-        events = rows.select(
-            "chunk_id",
-            "position",
-            F.lit("r").alias("op"),
-            F.lit(None).cast("string").alias("before"),
-            "after",
-            F.lit(0).cast("bigint").alias("ts_ms"),
-        )
+        columns = ("chunk_id", "op", "position", "before", "after", "ts_ms")
+        events = dumped_rows(self.spark, files, [(0, r) for r in refs], columns)
         source = events.select("chunk_id", *self._columns(schema, events)).alias("s")
-        keys = [F.col(f"s.{quoted(k)}") for k in schema.key]
-        text_key = F.array(*[k.cast("string") for k in keys]).alias("key")
+        text_key = _text_key([f"s.{quoted(k)}" for k in schema.key])
         out = [F.lit(name).alias("table"), F.col("s.chunk_id").cast("bigint").alias("chunk_id")]
         if lake is None:
             return source.select(*out, F.lit("missing").alias("found"), text_key)
@@ -766,10 +790,7 @@ class DeltaSink:
             target = lake.where(
                 F.col(first).between(*(_typed(key_type, F.lit(str(b))) for b in (low, high)))
             )
-        on = F.lit(True)
-        for k in schema.key:
-            on = on & F.col(f"t.{quoted(k)}").eqNullSafe(F.col(f"s.{quoted(k)}"))
-        joined = source.join(target.alias("t"), on, "left")
+        joined = source.join(target.alias("t"), _same_key(schema), "left")
         held, deleted = F.col("t._dblog_position"), F.col("t._dblog_deleted")
         older = held < F.col("s._dblog_position")  # newer: the log changed it after the window
         found = (
@@ -788,19 +809,11 @@ class DeltaSink:
 
         types = key_types(schema)
         asked = self.spark.createDataFrame(
-            [(r.chunk_id, r.row_position(0), encode_key(k)) for r in refs for k in r.absent],
+            [(r.chunk_id, r.row_position(0), encode_json(k)) for r in refs for k in r.absent],
             "chunk_id BIGINT, cutoff STRING, key STRING",
         )
-        parsed = F.from_json(F.col("key"), "array<string>")
         aliases = [f"_k{i}" for i in range(len(types))]
-        asked = asked.select(
-            "chunk_id",
-            "cutoff",
-            *[
-                _typed(t, parsed.getItem(i)).alias(a)
-                for i, (t, a) in enumerate(zip(types, aliases, strict=True))
-            ],
-        )
+        asked = asked.select("chunk_id", "cutoff", *_typed_key(types, aliases))
         live = lake.where(~F.col("_dblog_deleted")).select(
             "_dblog_position",
             *[F.col(quoted(k)).alias(a) for k, a in zip(schema.key, aliases, strict=True)],
@@ -813,7 +826,7 @@ class DeltaSink:
                 F.lit(name).alias("table"),
                 "chunk_id",
                 F.lit("extra").alias("found"),
-                F.array(*[F.col(a).cast("string") for a in aliases]).alias("key"),
+                _text_key(aliases),
             )
         )
 

@@ -33,8 +33,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_dblog.config import Config
 from airflow_dblog.core.events import TableId
 from airflow_dblog.engine.capture import SpooledCapture
-from airflow_dblog.engine.chunk_file import POSITION_DIGITS, ChunkFiles, ChunkRef
-from airflow_dblog.engine.chunk_file import SPARK_DDL as CHUNK_DDL
+from airflow_dblog.engine.chunk_file import ChunkRef
 from airflow_dblog.engine.chunk_runner import LateRunner
 from airflow_dblog.engine.configured_source import open_reader, open_source
 from airflow_dblog.engine.leader import LeaderLease
@@ -47,7 +46,7 @@ from airflow_dblog.engine.spool import Spool, dump_bounds, logged_tables
 from airflow_dblog.engine.spool_store import S3_ENDPOINT, join
 from airflow_dblog.errors import DblogError
 from airflow_dblog.sinks.base import ReadBack, Sink
-from airflow_dblog.sinks.delta_sink import DeltaSink, FrameBatch
+from airflow_dblog.sinks.delta_sink import DeltaSink, FrameBatch, dumped_rows
 from airflow_dblog.sinks.kafka_forwarder import KafkaForwarder
 from airflow_dblog.sinks.kafka_sink import KafkaSink
 from airflow_dblog.sinks.lake_checks import LakeChecks
@@ -122,7 +121,8 @@ class BatchCommitter:
             events = rows.where("kind = 'event'").select("seq", *EVENT_COLUMNS)
             refs = [(seq, ref) for seq, ref in refs if ref.emitted]
             if refs:
-                events = events.unionByName(dumped_rows(self.spool.chunks, refs, events))
+                chunked = dumped_rows(spark, self.spool.chunks, refs, events.columns)
+                events = events.unionByName(chunked)
             tables = sorted({table for f in footers for table in f["tables"]})
             last = max(f["seq"] for f in footers)
             log.info(
@@ -161,42 +161,6 @@ def _outlines(rows: DataFrame) -> tuple[list[Footer], list[tuple[int, ChunkRef]]
         else:
             refs.append((r["seq"], ChunkRef.from_record(json.loads(r["record"]))))
     return footers, refs
-
-
-def dumped_rows(
-    files: ChunkFiles, refs: Sequence[tuple[int, ChunkRef]], events: DataFrame
-) -> DataFrame:
-    """The closed chunks' rows as events (``events``' columns), read by the executors from
-    the chunk files: each ref's rows but those its window dropped, at their positions."""
-    from pyspark.sql import functions as F
-
-    spark = events.sparkSession
-    chunk_ids = [ref.chunk_id for _, ref in refs]
-    if len(set(chunk_ids)) != len(chunk_ids):
-        raise DblogError(f"a batch refers to one chunk twice: {sorted(chunk_ids)}")
-    rows = spark.read.schema(CHUNK_DDL).parquet(*[files.uri(ref.folder) for _, ref in refs])
-    meta = spark.createDataFrame(
-        [
-            (r.chunk_id, seq, r.table, r.position_prefix(), r.first, r.dump_id, r.ts_ms)
-            for seq, r in refs
-        ],
-        "chunk_id BIGINT, seq BIGINT, table STRING, prefix STRING, first BIGINT,"
-        " dump_id BIGINT, ts_ms BIGINT",
-    )
-    rows = rows.join(F.broadcast(meta), "chunk_id")
-    drops = [(r.chunk_id, idx) for _, r in refs for idx in r.drops]
-    if drops:
-        dropped = spark.createDataFrame(drops, "chunk_id BIGINT, idx BIGINT")
-        rows = rows.join(F.broadcast(dropped), ["chunk_id", "idx"], "left_anti")
-    index = (F.col("first") + F.col("idx") + 1).cast("string")
-    columns = {
-        "op": F.lit("r"),
-        "position": F.concat(F.col("prefix"), F.lpad(index, POSITION_DIGITS, "0")),
-        "before": F.lit(None).cast("string"),
-        "unavailable": F.array().cast("array<string>"),
-        "source": F.lit("{}"),
-    }
-    return rows.select(*[columns.get(c, F.col(c)).alias(c) for c in events.columns])
 
 
 def segment_rows(spark: Any, uris: Sequence[str]) -> DataFrame:

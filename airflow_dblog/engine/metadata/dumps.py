@@ -464,13 +464,10 @@ class DumpsAndChunks(MetadataDatabase):
             return True, []
         return False, sorted(c for c, _ in chunks) if dumped.exhausted else []
 
-    def dump_modes(self, dump_ids: Collection[int]) -> dict[int, str]:
-        """The verify mode of those of ``dump_ids`` that are verify dumps."""
+    def verify_mode(self, dump_id: int) -> str | None:
+        """The dump's verify mode (None: an ordinary dump, or no such dump)."""
         with self.session(writes=False) as s:
-            query = select(Dump.id, Dump.verify).where(
-                Dump.id.in_(list(dump_ids)), Dump.verify.is_not(None)
-            )
-            return {dump_id: mode for dump_id, mode in s.execute(query)}
+            return s.scalar(select(Dump.verify).where(Dump.id == dump_id))
 
     def record_verdict(self, chunk_id: int, verdict: ChunkVerdict) -> bool:
         """Keep what the lake's comparison of a verify chunk found; the first verdict stays (a

@@ -215,18 +215,27 @@ def test_the_source_is_acknowledged_only_with_committed_offsets(
     assert capture.reader.closed  # type: ignore[attr-defined]
 
 
+def _dump_keys_after_a_lost_row(
+    db: FakeDatabase, items: TableId, meta: MetadataStore, folder: Path, verify: str | None = None
+) -> tuple[MemoryCapture, MemorySink, int]:
+    """Rows 1 and 3 logged, row 3 then lost without the log, and a dump of keys 1, 3 and 4 run
+    to its end (the capture closed)."""
+    config = fake_config(db, [items], folder)
+    sink = MemorySink()
+    capture = _open(config, meta, db, sink)
+    db.insert(items, {"id": 1, "v": "a"}, {"id": 3, "v": "c"})
+    _drain(capture, db)
+    del db.tables[items].rows[(3,)]  # a delete the log never carried (no writer runs)
+    dump_id = plan_dump(config, meta, [str(items)], keys=[1, 3, 4], verify=verify)
+    _run_until(capture, lambda: meta.progress(dump_id).state == "done")
+    capture.close()
+    return capture, sink, dump_id
+
+
 def test_a_dump_of_keys_the_source_lacks_deletes_them_after_the_rows_it_found(
     fake_db: FakeDatabase, items: TableId, meta: MetadataStore, tmp_path: Path
 ) -> None:
-    config = fake_config(fake_db, [items], tmp_path)
-    sink = MemorySink()
-    capture = _open(config, meta, fake_db, sink)
-    fake_db.insert(items, {"id": 1, "v": "a"}, {"id": 3, "v": "c"})
-    _drain(capture, fake_db)
-    del fake_db.tables[items].rows[(3,)]  # a delete the log never carried (no writer runs)
-    dump_id = plan_dump(config, meta, [str(items)], keys=[1, 3, 4])
-    _run_until(capture, lambda: meta.progress(dump_id).state == "done")
-    capture.close()
+    _, sink, dump_id = _dump_keys_after_a_lost_row(fake_db, items, meta, tmp_path)
     high = [i for i in fake_db.log if isinstance(i, WatermarkEvent)][-1]
     dumped = [e for e in sink.received if e.dump_id == dump_id]
     assert [(e.op, e.key, e.position) for e in dumped] == [
@@ -242,15 +251,9 @@ def test_a_dump_of_keys_the_source_lacks_deletes_them_after_the_rows_it_found(
 def test_a_verify_dump_writes_nothing_and_its_references_carry_the_keys_the_source_lacks(
     fake_db: FakeDatabase, items: TableId, meta: MetadataStore, tmp_path: Path
 ) -> None:
-    config = fake_config(fake_db, [items], tmp_path)
-    sink = MemorySink()
-    capture = _open(config, meta, fake_db, sink)
-    fake_db.insert(items, {"id": 1, "v": "a"}, {"id": 3, "v": "c"})
-    _drain(capture, fake_db)
-    del fake_db.tables[items].rows[(3,)]  # a delete the log never carried
-    dump_id = plan_dump(config, meta, [str(items)], keys=[1, 3, 4], verify="dry-run")
-    _run_until(capture, lambda: meta.progress(dump_id).state == "done")
-    capture.close()
+    capture, sink, dump_id = _dump_keys_after_a_lost_row(
+        fake_db, items, meta, tmp_path, verify="dry-run"
+    )
     assert [e for e in sink.received if e.dump_id == dump_id] == []
     (ref,) = [r for r in capture.placed if r.dump_id == dump_id]
     assert (ref.verify, ref.selected, ref.emitted, ref.deleted) == ("dry-run", 1, 0, 0)
