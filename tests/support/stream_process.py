@@ -27,7 +27,22 @@ HA_SESSION_S = 4
 # compiles it differs. (The tests' own session lives all run long: it keeps C2.) C1 alone
 # shrinks the code cache to 48 MB, which Spark and Delta fill: the compiler then stops and,
 # when a method handle needs the cache, the JVM dies; so the cache keeps its tiered size.
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+# The serial collector: no concurrent marking threads beside the work on two cores (G1's took
+# a tenth of a stream JVM's CPU here); the lease lives in the Python driver, not in the JVM,
+# so a collection's pause cannot cost a leader its session.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC"
+# Nor do they generate code: a test's batches hold tens to hundreds of rows, so generating and
+# compiling Java for each new plan (Janino) costs more than evaluating its expressions does; it
+# was a quarter of a stream JVM's CPU in these tests. Spark's interpreted operators compute the
+# same results (its own suites run both ways), and the integration tests' session, which
+# drives the Delta sink directly, keeps code generation as users run it.
+TEST_SPARK_CONF = {  # what every stream the tests start adds to ``spark.conf``
+    "spark.ui.enabled": "false",
+    "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
+    "spark.executor.extraJavaOptions": TEST_JVM_OPTIONS,
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
 _ERROR_LINE = re.compile(r"ERROR|Exception|Error:|Caused by")
 
 
@@ -60,13 +75,7 @@ def write_config(
     kafka_sink = (
         f", kafka: {{bootstrap_servers: '{kafka}', topic_prefix: {name}{signals}}}" if kafka else ""
     )
-    conf = {
-        "spark.ui.enabled": "false",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
-        "spark.executor.extraJavaOptions": TEST_JVM_OPTIONS,
-        **(spark_conf or {}),
-    }
+    conf = {**TEST_SPARK_CONF, "spark.sql.shuffle.partitions": "2", **(spark_conf or {})}
     path.write_text(
         f"""
 name: {name}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import threading
 import time
 import uuid
@@ -36,7 +37,7 @@ from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.sources.mysql.binlog_reader import BinlogReader
 from tests.support.private_mariadb import private_mariadb
 from tests.support.services import MySQLServer, PostgresServer, read_committed_until
-from tests.support.stream_process import TEST_JVM_OPTIONS, Stream
+from tests.support.stream_process import TEST_SPARK_CONF, Stream
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -211,8 +212,7 @@ sinks:
 checkpoint: {tmp_path}/checkpoint
 spark:
   master: "local[2]"
-  conf: {{spark.ui.enabled: false, spark.sql.shuffle.partitions: 2,
-    spark.driver.extraJavaOptions: "{TEST_JVM_OPTIONS}"}}
+  conf: {json.dumps({**TEST_SPARK_CONF, "spark.sql.shuffle.partitions": "2"})}
 """
     )
     return path

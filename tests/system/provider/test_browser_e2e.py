@@ -34,7 +34,7 @@ import pytest
 from airflow_dblog.config import load_config
 from airflow_dblog.engine.launcher import Launch, alive, pid_path, read_record, stop
 from tests.support.airflow_services import REPO_ROOT, AirflowServices, running_airflow
-from tests.support.stream_process import TEST_JVM_OPTIONS
+from tests.support.stream_process import TEST_SPARK_CONF
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
@@ -93,7 +93,7 @@ sinks: {{delta: {{path: {tmp_path}/delta}}}}
 checkpoint: {tmp_path}/cp
 spark:
   master: "local[2]"
-  conf: {{spark.ui.enabled: false, spark.driver.extraJavaOptions: "{TEST_JVM_OPTIONS}"}}
+  conf: {json.dumps(TEST_SPARK_CONF)}
 """
     )
     return file

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from urllib.parse import quote
 import pytest
 
 from airflow_dblog.config import Config, load_config
-from tests.support.stream_process import TEST_JVM_OPTIONS, Stream
+from tests.support.stream_process import TEST_SPARK_CONF, Stream
 from tests.support.workload import Db, restricted_user
 
 DAGS = Path(__file__).resolve().parents[3] / "dags"
@@ -71,7 +72,7 @@ sinks: {{delta: {{path: {tmp_path}/delta}}}}
 checkpoint: {tmp_path}/cp
 spark:
   master: "local[2]"
-  conf: {{spark.ui.enabled: false, spark.driver.extraJavaOptions: "{TEST_JVM_OPTIONS}"}}
+  conf: {json.dumps(TEST_SPARK_CONF)}
 """
         )
         monkeypatch.setenv("DBLOG_CONFIG", str(file))
