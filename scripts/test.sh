@@ -18,7 +18,8 @@
 #    from the Go module proxy, in the background from the start --, the Spark standalone cluster,
 #    Spark connector jars).
 # 4. ruff check ., lint-imports (the package's layers, pyproject.toml's [tool.importlinter]) and
-#    pytest [the tier's folder] "$@". Exit status: pytest's (5 = no tests collected counts as a
+#    pytest [the tier's folder] "$@" (with no tier and no test named, tests/unit runs during
+#    step 3 and the other tiers here). Exit status: pytest's (5 = no tests collected counts as a
 #    failure), else ruff's, else lint-imports'.
 #
 # Services are left running afterwards (fast re-runs); DBLOG_STOP_SERVICES=1 stops them.
@@ -113,10 +114,31 @@ export PATH="$VENV/bin:$PATH"
 export VIRTUAL_ENV=$VENV
 
 # --- 3. services -----------------------------------------------------------------------------
+# Every tier (CI) with no test named: the unit tier needs no service, so it runs while they
+# start, its report printed once they are up; then the other two tiers.
+unit_pid=
+split=$([ -z "$tier" ] && [ "${DBLOG_SETUP_ONLY:-0}" != 1 ] && echo 1 || echo 0)
+for arg in "$@"; do
+    case "$arg" in -*) ;; *) split=0 ;; esac # a test path or an option's value: run as asked
+done
+if [ "$split" = 1 ]; then
+    unit_log=$(mktemp)
+    say "pytest tests/unit $* (in the background while the services start)"
+    pytest tests/unit "$@" >"$unit_log" 2>&1 &
+    unit_pid=$!
+    tier_paths=(tests/integration tests/system)
+fi
 if [ "$tier" != unit ]; then
     say "starting local services"
     scripts/services.sh up
     eval "$(scripts/services.sh env)"
+fi
+unit_rc=0
+if [ -n "$unit_pid" ]; then
+    wait "$unit_pid" || unit_rc=$?
+    cat "$unit_log"
+    rm -f "$unit_log"
+    [ "$unit_rc" = 0 ] || say "pytest tests/unit failed (exit $unit_rc)"
 fi
 
 # --- 4. lint and tests -----------------------------------------------------------------------
@@ -135,6 +157,7 @@ lint-imports --no-cache --no-logo || layers_rc=$?
 say "pytest ${tier_paths[*]} $*"
 pytest_rc=0
 pytest ${tier_paths[@]+"${tier_paths[@]}"} "$@" || pytest_rc=$?
+[ "$pytest_rc" != 0 ] || pytest_rc=$unit_rc
 
 if [ "$pytest_rc" = 5 ]; then
     say "pytest collected no tests: that is a failure"
