@@ -18,8 +18,8 @@
 #    from the Go module proxy, in the background from the start --, the Spark standalone cluster,
 #    Spark connector jars).
 # 4. ruff check ., lint-imports (the package's layers, pyproject.toml's [tool.importlinter]) and
-#    pytest [the tier's folder] "$@" (with no tier and no test named, tests/unit runs during
-#    step 3 and the other tiers here). Exit status: pytest's (5 = no tests collected counts as a
+#    pytest [the tier's folder] "$@" (with no tier and no test named, parts run side by side:
+#    see step 3). Exit status: pytest's (5 = no tests collected counts as a
 #    failure), else ruff's, else lint-imports'.
 #
 # Services are left running afterwards (fast re-runs); DBLOG_STOP_SERVICES=1 stops them.
@@ -114,32 +114,39 @@ export PATH="$VENV/bin:$PATH"
 export VIRTUAL_ENV=$VENV
 
 # --- 3. services -----------------------------------------------------------------------------
-# Every tier (CI) with no test named: the unit tier needs no service, so it runs while they
-# start, its report printed once they are up; then the other two tiers.
-unit_pid=
+# Every tier (CI) with no test named: on two cores, parts that share no server run side by side
+# (each one's report printed whole when it ends): the unit tier (no server) while the services
+# start; the integration tests that touch no database (the Delta and Kafka sinks, the Spark
+# session) beside those that do; then the system tier alone.
 split=$([ -z "$tier" ] && [ "${DBLOG_SETUP_ONLY:-0}" != 1 ] && echo 1 || echo 0)
 for arg in "$@"; do
     case "$arg" in -*) ;; *) split=0 ;; esac # a test path or an option's value: run as asked
 done
-if [ "$split" = 1 ]; then
-    unit_log=$(mktemp)
-    say "pytest tests/unit $* (in the background while the services start)"
-    pytest tests/unit "$@" >"$unit_log" 2>&1 &
-    unit_pid=$!
-    tier_paths=(tests/integration tests/system)
-fi
+BESIDE=(tests/integration/sinks tests/integration/spark/test_session.py
+    tests/integration/spark/test_class_archive.py)
+pytest_rc=0
+beside_pid=
+beside() { # NAME PYTEST_ARGS...: pytest in the background, its report in a file
+    beside_log=$(mktemp)
+    say "pytest ${*:2} (in the background: $1)"
+    pytest "${@:2}" >"$beside_log" 2>&1 &
+    beside_pid=$!
+}
+collect() { # wait for the background pytest, print its report, keep its status
+    local rc=0
+    wait "$beside_pid" || rc=$?
+    cat "$beside_log"
+    rm -f "$beside_log"
+    [ "$rc" = 0 ] || say "that pytest failed (exit $rc)"
+    [ "$pytest_rc" != 0 ] || pytest_rc=$rc
+}
+[ "$split" = 0 ] || beside "while the services start" tests/unit -n 2 "$@"
 if [ "$tier" != unit ]; then
     say "starting local services"
     scripts/services.sh up
     eval "$(scripts/services.sh env)"
 fi
-unit_rc=0
-if [ -n "$unit_pid" ]; then
-    wait "$unit_pid" || unit_rc=$?
-    cat "$unit_log"
-    rm -f "$unit_log"
-    [ "$unit_rc" = 0 ] || say "pytest tests/unit failed (exit $unit_rc)"
-fi
+[ "$split" = 0 ] || collect
 
 # --- 4. lint and tests -----------------------------------------------------------------------
 if [ "${DBLOG_SETUP_ONLY:-0}" = 1 ]; then
@@ -154,10 +161,20 @@ say "lint-imports (layers)"
 layers_rc=0
 lint-imports --no-cache --no-logo || layers_rc=$?
 
-say "pytest ${tier_paths[*]} $*"
-pytest_rc=0
-pytest ${tier_paths[@]+"${tier_paths[@]}"} "$@" || pytest_rc=$?
-[ "$pytest_rc" != 0 ] || pytest_rc=$unit_rc
+run() { # PYTEST_ARGS...: in the foreground
+    local rc=0
+    say "pytest $*"
+    pytest "$@" || rc=$?
+    [ "$pytest_rc" != 0 ] || pytest_rc=$rc
+}
+if [ "$split" = 1 ]; then
+    beside "beside the database tests" "${BESIDE[@]}" "$@"
+    run tests/integration "${BESIDE[@]/#/--ignore=}" "$@"
+    collect
+    run tests/system "$@"
+else
+    run ${tier_paths[@]+"${tier_paths[@]}"} "$@"
+fi
 
 if [ "$pytest_rc" = 5 ]; then
     say "pytest collected no tests: that is a failure"
