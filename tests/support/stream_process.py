@@ -34,8 +34,8 @@ TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+
 # Nor do they generate code: a test's batches hold tens to hundreds of rows, so generating and
 # compiling Java for each new plan (Janino) costs more than evaluating its expressions does; it
 # was a quarter of a stream JVM's CPU in these tests. Spark's interpreted operators compute the
-# same results (its own suites run both ways), and the integration tests' session, which
-# drives the Delta sink directly, keeps code generation as users run it.
+# same results (its own suites run both ways). The tests' own session, which drives the Delta
+# sink directly in the integration tier, keeps code generation as users run it.
 TEST_SPARK_CONF = {  # what every stream the tests start adds to ``spark.conf``
     "spark.ui.enabled": "false",
     "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
