@@ -785,6 +785,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--jdbc-version", default="3.5.11", help="org.mariadb.jdbc driver")
     parser.add_argument("--java", help="Debezium Server's java (default: the first 21+ found)")
     parser.add_argument("--keep-logs", metavar="DIR", help="copy the processes' logs here")
+    parser.add_argument(
+        "--pipelines", default="dblog,peer,floor", help="which of dblog, peer and floor to run"
+    )
     parser.add_argument("--peer-job", metavar="JSON", help=argparse.SUPPRESS)
     parser.add_argument("--floor-job", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -798,8 +801,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     for load in loads:
         if load != "quiet" and not load.isdigit():
             parser.error(f"--loads: {load!r} is neither quiet nor a number of updates/s")
+    pipelines = {s.strip() for s in args.pipelines.split(",") if s.strip()}
+    if not pipelines or pipelines - {"dblog", "peer", "floor"}:
+        parser.error(f"--pipelines: {args.pipelines!r} names none or others than dblog, peer, floor")
     java = args.java or find_java()
-    home = debezium_server(args.debezium_version)
+    home = debezium_server(args.debezium_version) if "peer" in pipelines else None
     jar = mariadb_jdbc_jar(args.jdbc_version)
 
     url = f"mysql://dblog:dblog@127.0.0.1:{PORT}"
@@ -823,10 +829,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         columns, key = table_columns(conn, db)
         bench = Bench(url, conn, db, args.rows, args.chunk_size, work, args.timeout, columns, key)
         bench.java, bench.debezium_home = java, home
-        result["floor"] = bench.run_floor(jar) if "quiet" in loads else None
+        floor = "quiet" in loads and "floor" in pipelines
+        result["floor"] = bench.run_floor(jar) if floor else None
         runs: dict[str, dict[str, Any]] = {}
         for load in loads:
-            runs[load] = {"dblog": bench.run_dblog(load), "peer": bench.run_peer(load)}
+            runs[load] = {
+                "dblog": bench.run_dblog(load) if "dblog" in pipelines else {},
+                "peer": bench.run_peer(load) if "peer" in pipelines else {},
+            }
         for (load, pipeline), checked in bench.read_back().items():
             target = result["floor"] if pipeline == "floor" else runs[load][pipeline]
             target["read_back"] = checked
@@ -860,7 +870,7 @@ def ratios(runs: dict[str, dict[str, Any]], floor: dict[str, Any] | None) -> dic
         ours, peer = run["dblog"], run["peer"]
         out[load] = {
             "dblog_over_peer_rows_per_s": over(ours.get("rows_per_s"), peer.get("rows_per_s")),
-            "dblog_over_peer_cpu_s": over(ours["cpu_s"], peer["cpu_s"]),
+            "dblog_over_peer_cpu_s": over(ours.get("cpu_s"), peer.get("cpu_s")),
             "dblog_over_floor_rows_per_s": over(
                 ours.get("rows_per_s"), (floor or {}).get("rows_per_s")
             ),

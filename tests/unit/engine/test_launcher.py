@@ -72,6 +72,18 @@ def _until_dead(config_path: str) -> None:
         time.sleep(0.05)
 
 
+def _until_committed_after(store: MetadataStore, name: str, beat: Any) -> None:
+    """Until a stream commits a heartbeat other than ``beat``: the other stream is up (its
+    interpreter may take seconds to start on a busy machine, longer than the launcher's probe)."""
+    deadline = time.monotonic() + 30
+    while True:
+        state = store.stream_state(name)
+        if state is not None and state.heartbeat_at != beat:
+            return
+        assert time.monotonic() < deadline, "the stream started elsewhere never committed"
+        time.sleep(0.05)
+
+
 def test_starts_detached_then_does_nothing_then_restarts_after_kill_9(
     config_path: str, fake_python: str, launched: None
 ) -> None:
@@ -105,8 +117,11 @@ def test_a_stream_started_elsewhere_after_ours_died_counts_as_running(
     assert ours.pid is not None
     os.kill(ours.pid, signal.SIGKILL)
     _until_dead(config_path)
+    store = MetadataStore(config.metadata_url)
+    last = store.stream_state(config.name)
     elsewhere = subprocess.Popen([fake_python, "-c", config_path], start_new_session=True)
     try:
+        _until_committed_after(store, config.name, last.heartbeat_at if last else None)
         ensured = ensure_stream(config_path, config, launch)
     finally:
         elsewhere.kill()
