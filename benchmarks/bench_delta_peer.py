@@ -305,6 +305,7 @@ class TreeMeter(threading.Thread):
         super().__init__(daemon=True)
         self.roots = roots
         self.cpu: dict[int, float] = {}
+        self.kind: dict[int, str] = {}  # pid -> its kind of process: what the CPU went to
         self.peak_rss = 0
         self.lock = threading.Lock()
         self.stop = threading.Event()
@@ -315,8 +316,18 @@ class TreeMeter(threading.Thread):
             for root in self.roots:
                 for pid in process_tree(root):
                     self.cpu[pid] = max(self.cpu.get(pid, 0.0), cpu_seconds([pid]))
+                    self.kind[pid] = "root" if pid == root else process_kind(pid)  # exec'd
             self.peak_rss = max(self.peak_rss, sum(rss_of_tree(root) for root in self.roots))
             return sum(self.cpu.values())
+
+    def by_kind(self) -> dict[str, float]:
+        """CPU seconds so far by kind of process: the root, its JVMs, its Python workers."""
+        with self.lock:
+            out: dict[str, float] = {}
+            for pid, cpu in self.cpu.items():
+                kind = self.kind.get(pid, "other")
+                out[kind] = round(out.get(kind, 0.0) + cpu, 2)
+            return out
 
     def add(self, pid: int) -> None:
         with self.lock:
@@ -325,6 +336,14 @@ class TreeMeter(threading.Thread):
     def run(self) -> None:
         while not self.stop.wait(0.25):
             self.sample()
+
+
+def process_kind(pid: int) -> str:
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "other"
+    return "java" if name == "java" else "python" if name.startswith("python") else name
 
 
 def wait_until(what: str, done: Any, procs: list[tuple[Any, Path]], timeout: float) -> bool:
@@ -415,6 +434,7 @@ class Bench:
         result: dict[str, Any] = {}
         try:
             cpu0, writes0 = meter.sample(), sum(w.writes for w in writers)
+            split0 = meter.by_kind()
             requested = time.time()
             extra = request()
             holding: list[Commit] = []
@@ -433,7 +453,11 @@ class Bench:
             else:
                 result.update(holds_all_s=None, live_rows_at_timeout=sum(delta.files.values()))
             cpu = meter.sample() - cpu0
+            split = meter.by_kind()
             result["cpu_s"] = round(cpu, 2)
+            result["cpu_s_by_process"] = {
+                k: round(v - split0.get(k, 0.0), 2) for k, v in split.items()
+            }
             result["cpu_ms_per_1k_rows"] = round(cpu * 1e6 / self.rows, 1)
             result.update(extra() if extra else {})
             writes = sum(w.writes for w in writers) - writes0
@@ -803,7 +827,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             parser.error(f"--loads: {load!r} is neither quiet nor a number of updates/s")
     pipelines = {s.strip() for s in args.pipelines.split(",") if s.strip()}
     if not pipelines or pipelines - {"dblog", "peer", "floor"}:
-        parser.error(f"--pipelines: {args.pipelines!r} names none or others than dblog, peer, floor")
+        parser.error(f"--pipelines: {args.pipelines!r}: name dblog, peer and/or floor")
     java = args.java or find_java()
     home = debezium_server(args.debezium_version) if "peer" in pipelines else None
     jar = mariadb_jdbc_jar(args.jdbc_version)

@@ -42,7 +42,7 @@ from airflow_dblog.engine.segment import EVENT_COLUMNS, Footer
 from airflow_dblog.engine.segment import SPARK_DDL as SEGMENT_DDL
 from airflow_dblog.engine.signals import SignalChannel
 from airflow_dblog.engine.sink_barrier import SinkBarrier
-from airflow_dblog.engine.spool import Spool, dump_bounds, logged_tables
+from airflow_dblog.engine.spool import Spool, dump_bounds, log_bounds, logged_tables
 from airflow_dblog.engine.spool_store import S3_ENDPOINT, join
 from airflow_dblog.errors import DblogError
 from airflow_dblog.sinks.base import ReadBack, Sink
@@ -133,21 +133,33 @@ class BatchCommitter:
                 last,
                 count,
             )
-            batch = FrameBatch(events, tables, dump_bounds(footers), logged_tables(footers))
+            batch = FrameBatch(
+                events,
+                tables,
+                dump_bounds(footers),
+                logged_tables(footers),
+                closed_refs,
+                log_bounds(footers),
+            )
             self.sink.write(last, batch)
+        written = time.monotonic()
         if self.checks is not None:
             self.checks.after_batch(closed_refs)
+        checked = time.monotonic()
         committed = self.barrier.held(self.sink.name, footers)
         closed = sum(len(f["closed"]) for f in committed)
         if count or closed:
             log.info(
-                "%s batch %d: segments %d-%d, %d events in %.1f s; %d chunks completed",
+                "%s batch %d: segments %d-%d, %d events in %.1f s (written in %.1f s, checked in"
+                " %.1f s); %d chunks completed",
                 self.sink.name,
                 batch_id,
                 min(f["seq"] for f in footers),
                 max(f["seq"] for f in footers),
                 count,
                 time.monotonic() - started,
+                written - started,
+                checked - written,
                 closed,
             )
 
@@ -290,6 +302,7 @@ def _start_delta_query(
     token = store.fence.token if store.fence is not None else 0
     delta = DeltaSink(spark, config.delta, schemas, app_id, describer.describe, token)
     cleanup.callback(delta.close)
+    delta.create_tables()
     delta.fence()  # a deposed leader's batch, even one under way, now commits nothing
     committer = BatchCommitter(delta, barrier, store, spool, lake=delta)
     committer.spark = spark
