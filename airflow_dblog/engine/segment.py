@@ -69,14 +69,8 @@ def arrow_schema() -> pa.Schema:
     )
 
 
-def summarize(
-    seq: int,
-    items: Sequence[Item],
-    footer: Footer,
-    log_keys: dict[str, list[Any] | None] | None = None,
-) -> Footer:
-    """The footer as written: the caller's part and what the segment holds (``log_keys``: the
-    first key column's [lowest, highest] of each table's log events, None where unordered)."""
+def summarize(seq: int, items: Sequence[Item], footer: Footer) -> Footer:
+    """The footer as written: the caller's part and what the segment holds."""
     tables: set[str] = set()
     logged: set[str] = set()
     dumped: dict[str, list[Any] | None] = {}  # table -> first key column's [lowest, highest]
@@ -102,7 +96,6 @@ def summarize(
         "tables": sorted(tables),
         "logged": sorted(logged),
         "dump_keys": dumped,
-        "log_keys": {t: (log_keys or {}).get(t) for t in sorted(logged)},
         "chunk_folders": [i.folder for i in items if isinstance(i, ChunkRef) and i.folder],
     }
 

@@ -20,7 +20,7 @@ import errno
 import json
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -120,7 +120,7 @@ class Spool:
     def append(self, items: Sequence[ChangeEvent | ChunkRef], footer: dict[str, Any]) -> int:
         seq = self.end() if self._next is None else self._next
         texts: list[Item] = [i if isinstance(i, ChunkRef) else EventText.of(i) for i in items]
-        footer = segment.summarize(seq, texts, footer, _log_keys(items))
+        footer = segment.summarize(seq, texts, footer)
         self._write(seq, segment.encode(texts, footer))
         if self._next is not None:
             self._next = seq + 1
@@ -240,41 +240,14 @@ class Spool:
         return dropped
 
 
-def _log_keys(items: Sequence[ChangeEvent | ChunkRef]) -> dict[str, list[Any] | None]:
-    """Per table, the first key column's [lowest, highest] of its log events (typed values:
-    None where Python and Spark may order them differently)."""
-    spans: dict[str, list[Any] | None] = {}
-    for item in items:
-        if isinstance(item, ChangeEvent):
-            name = str(item.table)
-            spans[name] = span(spans.get(name, []), item.key[0] if item.key else None)
-    return spans
-
-
 def dump_bounds(footers: Sequence[dict[str, Any]]) -> dict[str, tuple[Any, Any]]:
     """Tables with dumped rows in these segments, with the range of those rows' first key.
 
     A table whose dumped keys have no order Python and Spark agree on is left out.
     """
-    return _bounds(footers, "dump_keys")
-
-
-def log_bounds(footers: Sequence[dict[str, Any]]) -> dict[str, tuple[Any, Any]]:
-    """Tables with log events in these segments, with the range of those events' first key;
-    left out as in :func:`dump_bounds`, and where a segment from before footers said it."""
-    return _bounds(footers, "log_keys", logged_tables)
-
-
-def _bounds(
-    footers: Sequence[dict[str, Any]],
-    name: str,
-    tables: Callable[[Sequence[dict[str, Any]]], set[str]] | None = None,
-) -> dict[str, tuple[Any, Any]]:
     spans: dict[str, list[Any] | None] = {}
     for footer in footers:
-        if name not in footer and tables is not None:
-            spans.update(dict.fromkeys(tables([footer])))  # not said: no usable order
-        for table, bounds in footer.get(name, {}).items():
+        for table, bounds in footer.get("dump_keys", {}).items():
             for value in bounds or [None]:  # None: this table's keys have no usable order
                 spans[table] = span(spans.get(table, []), value)
     return {table: (b[0], b[1]) for table, b in spans.items() if b}

@@ -147,41 +147,6 @@ def _after(columns: Sequence[SparkColumn], types: Sequence[DataType], key: Seque
     return greater
 
 
-def _covered(
-    keys: Sequence[SparkColumn], types: Sequence[DataType], ref: ChunkRef
-) -> tuple[SparkColumn, SparkColumn]:
-    """Where a range chunk looked: its keys (``covers``, and every key above them for a
-    table's last chunk), and the same range on the first key column alone, by which Delta
-    skips files."""
-    from pyspark.sql import functions as F
-
-    assert ref.covers is not None
-    lower, upper = ref.covers
-    inside = F.lit(True) if ref.beyond else ~_after(keys, types, upper)
-    first = F.lit(True) if ref.beyond else keys[0] <= _typed(types[0], F.lit(str(upper[0])))
-    if lower is not None:
-        inside = inside & _after(keys, types, lower)
-        first = first & (keys[0] >= _typed(types[0], F.lit(str(lower[0]))))
-    return inside, first
-
-
-def _union(a: tuple[Any, Any], b: tuple[Any, Any] | None) -> tuple[Any, Any] | None:
-    """The range spanning both (None: one is unknown, or their values do not compare)."""
-    if b is None or type(a[0]) is not type(b[0]):
-        return None
-    return min(a[0], b[0]), max(a[1], b[1])
-
-
-def _one_range(chunks: Sequence[ChunkRef]) -> bool:
-    """Whether the chunks' rows hold each key once: range chunks of one dump cover disjoint
-    keys."""
-    return (
-        bool(chunks)
-        and all(r.covers is not None for r in chunks)
-        and (len({r.dump_id for r in chunks}) == 1)
-    )
-
-
 def same_values(schema: TableSchema, left: str, right: str) -> SparkColumn:
     """Whether two aliased rows hold the same values in every column but the key.
 
@@ -302,15 +267,12 @@ def quoted(name: str) -> str:
 class FrameBatch:
     """A batch as Delta's query has it: the spool's events (``segment.EVENT_COLUMNS`` and each
     event's segment in ``seq``), the ``db.table`` names with events, the range of the first key
-    column of each table's dumped rows, the tables with log events, the closed chunks and the
-    range of the first key column of each table's log events."""
+    column of each table's dumped rows, and the tables with log events."""
 
     events: DataFrame
     tables: Collection[str]
     dump_bounds: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
     logged: Collection[str] = ()
-    closed: Sequence[ChunkRef] = ()  # the chunks whose windows closed in these segments
-    log_bounds: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
 
 
 class DeltaSink:
@@ -331,8 +293,6 @@ class DeltaSink:
         self._first_purge_at = time.monotonic() + _PURGE_FIRST_S
         self._purge_due: dict[TableId, float] = {}  # after a table's first purge
         self._holding: set[TableId] = set()  # tables known to hold rows: no emptiness check
-        # range chunks whose keys Delta held none of before their batch: no extras to look for
-        self._found_empty: set[int] = set()
 
     def table_path(self, table: TableId) -> str:
         return table_path(self.config, table)
@@ -342,12 +302,6 @@ class DeltaSink:
         if not 0 <= segment < 1 << SEGMENT_BITS:
             raise ValueError(f"spool segment {segment} out of range")
         return self.lease_token << SEGMENT_BITS | segment
-
-    def create_tables(self) -> None:
-        """Create the tables that do not exist yet, when the stream starts: readers find each
-        table (empty) from then on, and a dump's first batch does not wait on the creation."""
-        for table in self.schemas:
-            self._table(table)
 
     def fence(self) -> None:
         """Make every table refuse a deposed leader's commits (run by a new leader first).
@@ -387,11 +341,12 @@ class DeltaSink:
         """Apply one batch to every table it touches (the :class:`~airflow_dblog.sinks.base.Sink`
         contract: ``segment`` is the batch's last spool segment).
 
-        Dumped rows where Delta holds none of their keys are appended (under the dump's own
-        transaction app id), then the log rows are merged: a crash between the two replays only
-        the second, and the order matters, since the append relies on finding no key. Otherwise
-        a table's rows, dumped and logged, go in one MERGE, bounded by their first key column's
-        range where the footers know it: one commit, one pass over the table.
+        A table's dumped rows go in first, bounded by their key range (an append where Delta
+        holds none of it), then its log rows through a MERGE of their own: dumped rows joined
+        against the whole table made every batch under load cost a full MERGE. Each part commits
+        under its own transaction app id, so a crash between the two replays only the second.
+        The order is free: the position guard keeps the newest row of a key either way, and a
+        key's dumped row is always older than its log rows after the window.
         """
         version = self.txn_version(segment)
         events = batch.events
@@ -399,67 +354,17 @@ class DeltaSink:
             table = TableId.parse(name)
             self._follow_schema(table)
             rows = events.where(events["table"] == name)
-            dump = batch.dump_bounds.get(name)
-            logs = batch.log_bounds.get(name) if name in batch.logged else None
-            chunks = [r for r in batch.closed if r.table == name and not r.verify]
-            if dump is None:  # log rows alone, or dumped rows of a key without a usable order
-                self._merge(self.app_id, version, table, rows, None if chunks else logs)
-                continue
-            if not self._holds_none(table, dump, chunks):
-                if name not in batch.logged:
-                    self._merge(
-                        self._dump_app_id, version, table, rows, dump, unique=_one_range(chunks)
-                    )
-                else:
-                    self._merge(self.app_id, version, table, rows, _union(dump, logs))
-                continue
-            if self.orders_keys(table):  # nothing there for the checks after the batch either
-                self._found_empty.update(r.chunk_id for r in chunks if r.checks_extras)
-            logged = name in batch.logged
-            dumped = rows.where(rows["chunk_id"].isNotNull()) if logged else rows
-            self._merge(
-                self._dump_app_id, version, table, dumped, append=True, unique=_one_range(chunks)
-            )
-            if logged:
-                self._merge(
-                    self.app_id, version, table, rows.where(rows["chunk_id"].isNull()), logs
-                )
+            bounds = batch.dump_bounds.get(name)
+            if bounds is None:
+                self._merge(self.app_id, version, table, rows)
+            elif name not in batch.logged:
+                self._merge(self._dump_app_id, version, table, rows, bounds)
+            else:
+                dumped = rows["chunk_id"].isNotNull()
+                self._merge(self._dump_app_id, version, table, rows.where(dumped), bounds)
+                self._merge(self.app_id, version, table, rows.where(~dumped))
         for table in self.schemas:
             self._purge_tombstones(table)
-
-    def _holds_none(
-        self, table: TableId, bounds: tuple[Any, Any], chunks: Sequence[ChunkRef]
-    ) -> bool:
-        """Whether Delta holds no row among a batch's dumped keys: none in the range of their
-        first key column, and (a key Spark orders as the source does) none where the batch's
-        range chunks looked. Their rows are then appended (nothing there to match: that is the
-        MERGE's result, at a fraction of its cost), and those chunks have no keys Delta holds
-        that the source lacks to look for after the batch."""
-        from pyspark.sql import functions as F
-
-        target = self._table(table)
-        if self._new(table, target):
-            return True
-        schema = self.schemas[table]
-        types = key_types(schema)
-        keys = [F.col(quoted(k)) for k in schema.key]
-        low, high = (_typed(types[0], F.lit(str(b))) for b in bounds)
-        where = skim = keys[0].between(low, high)
-        if self.orders_keys(table):
-            for ref in chunks:
-                if ref.covers is not None:
-                    inside, near = _covered(keys, types, ref)
-                    where, skim = where | inside, skim | near
-        return not target.toDF().where(skim).where(where).limit(1).count()
-
-    def _new(self, table: TableId, target: Any) -> bool:
-        """Whether the table holds no file yet (asked until it does)."""
-        if table in self._holding:
-            return False
-        if not target.detail().first()["numFiles"]:
-            return True
-        self._holding.add(table)
-        return False
 
     @property
     def _dump_app_id(self) -> str:
@@ -506,34 +411,37 @@ class DeltaSink:
         table: TableId,
         events: DataFrame,
         bounds: tuple[Any, Any] | None = None,
-        *,
-        append: bool = False,
-        unique: bool = False,
     ) -> None:
-        """One guarded MERGE of the newest event of each key (``unique``: the events hold each
-        key once).
+        """One guarded MERGE of the newest event of each key.
 
-        ``bounds``: the events' first key column spans ``bounds``: the ON clause says so, and
-        Delta reads only the files overlapping that range (dumps arrive in key order, updates
-        often touch recent keys) instead of joining against the whole table. ``append``, or a
-        table without files (a new one): the rows are appended, nothing there to match.
+        ``bounds``: the batch holds only dumped rows of this table, whose first key column
+        spans ``bounds``: the ON clause says so, and Delta reads only the files overlapping
+        that range (dumps arrive in key order) instead of joining against the whole table.
+        Into a table without files (a new one) the rows are appended: nothing there to match,
+        so that is the MERGE's result, at a fraction of its cost.
         """
         from pyspark.sql import functions as F
 
         schema = self.schemas[table]
-        latest = events if unique else self._latest(events)
-        rows = latest.select(
+        rows = self._latest(events).select(
             *self._columns(schema, events), F.col("unavailable").alias("_unavailable")
         )
         target = self._table(table)
-        if append or self._new(table, target):
-            self._append(app_id, version, rows.drop("_unavailable"), table)
-            return
+        if table not in self._holding:
+            if not target.detail().first()["numFiles"]:
+                self._append(app_id, version, rows.drop("_unavailable"), table)
+                return
+            self._holding.add(table)
         on = _same_key(schema)
         if bounds is not None:
             key_type = key_types(schema)[0]
             low, high = (_typed(key_type, F.lit(str(b))) for b in bounds)
-            on = on & F.col(f"t.{quoted(schema.key[0])}").between(low, high)
+            first = quoted(schema.key[0])
+            if not target.toDF().where(F.col(first).between(low, high)).limit(1).count():
+                # nothing there to match (a first dump): an append is the MERGE's result
+                self._append(app_id, version, rows.drop("_unavailable"), table)
+                return
+            on = on & F.col(f"t.{first}").between(low, high)
         keep_unavailable = {
             c.name: F.when(
                 F.array_contains(F.col("s._unavailable"), c.name), F.col(f"t.{quoted(c.name)}")
@@ -696,9 +604,8 @@ class DeltaSink:
         types: dict[str, list[DataType]] = {}
         by_table: dict[str, list[ChunkRef]] = {}
         for ref in refs:
-            if ref.checks_extras and ref.chunk_id not in self._found_empty:
+            if ref.checks_extras:
                 by_table.setdefault(ref.table, []).append(ref)
-        self._found_empty.difference_update(ref.chunk_id for ref in refs)
         for name, checks in sorted(by_table.items()):
             table = TableId.parse(name)
             schema = self.schemas.get(table)
@@ -740,11 +647,15 @@ class DeltaSink:
             assert ref.covers is not None
             lower, upper = ref.covers
             inside = ~_after(keys, types, upper) & (position < F.lit(ref.low))
+            # the same range on the first key column alone: Delta skips files by it
+            first = F.lit(True)
             if lower is not None:
                 inside = inside & _after(keys, types, lower)
+                first = keys[0] >= _typed(types[0], F.lit(str(lower[0])))
             if ref.beyond:
                 inside = inside | (_after(keys, types, upper) & (position < F.lit(ref.beyond)))
-            first = _covered(keys, types, ref)[1]
+            else:
+                first = first & (keys[0] <= _typed(types[0], F.lit(str(upper[0]))))
             chunk_of = (F.when if chunk_of is None else chunk_of.when)(inside, F.lit(ref.chunk_id))
             anywhere, skim = anywhere | inside, skim | first
         assert chunk_of is not None

@@ -42,7 +42,7 @@ from airflow_dblog.engine.segment import EVENT_COLUMNS, Footer
 from airflow_dblog.engine.segment import SPARK_DDL as SEGMENT_DDL
 from airflow_dblog.engine.signals import SignalChannel
 from airflow_dblog.engine.sink_barrier import SinkBarrier
-from airflow_dblog.engine.spool import Spool, dump_bounds, log_bounds, logged_tables
+from airflow_dblog.engine.spool import Spool, dump_bounds, logged_tables
 from airflow_dblog.engine.spool_store import S3_ENDPOINT, join
 from airflow_dblog.errors import DblogError
 from airflow_dblog.sinks.base import ReadBack, Sink
@@ -133,14 +133,7 @@ class BatchCommitter:
                 last,
                 count,
             )
-            batch = FrameBatch(
-                events,
-                tables,
-                dump_bounds(footers),
-                logged_tables(footers),
-                closed_refs,
-                log_bounds(footers),
-            )
+            batch = FrameBatch(events, tables, dump_bounds(footers), logged_tables(footers))
             self.sink.write(last, batch)
         written = time.monotonic()
         if self.checks is not None:
@@ -302,7 +295,6 @@ def _start_delta_query(
     token = store.fence.token if store.fence is not None else 0
     delta = DeltaSink(spark, config.delta, schemas, app_id, describer.describe, token)
     cleanup.callback(delta.close)
-    delta.create_tables()
     delta.fence()  # a deposed leader's batch, even one under way, now commits nothing
     committer = BatchCommitter(delta, barrier, store, spool, lake=delta)
     committer.spark = spark

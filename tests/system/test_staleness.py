@@ -102,8 +102,7 @@ class Run:
         chunks = self.store.chunks(self.dump_id) if self.dump_id else []
         states = dict(Counter(c.state for c in chunks))
         if point == "first-commit":
-            # version 0 is the table's creation at the start: no row was committed
-            assert version <= 0, f"killed too late: Delta is at version {version}"
+            assert version < 0, f"killed too late: Delta is at version {version}"
         self.start()
         return f"{point}: Delta v{version}, chunks {states}"
 

@@ -99,13 +99,11 @@ def _write(
     events: list[ChangeEvent],
     dump_bounds: dict[str, tuple[Any, Any]] | None = None,
     logged: set[str] | None = None,
-    log_bounds: dict[str, tuple[Any, Any]] | None = None,
 ) -> None:
     """``dump_bounds`` without ``logged``: the batch holds dumped rows alone."""
     frame = _frame(sink.spark, events)
     tables = {str(e.table) for e in events}
-    batch = FrameBatch(frame, tables, dump_bounds or {}, logged or (), log_bounds=log_bounds or {})
-    sink.write(batch_id, batch)
+    sink.write(batch_id, FrameBatch(frame, tables, dump_bounds or {}, logged or ()))
 
 
 def _feed(sink: DeltaSink) -> list[Any]:
@@ -515,13 +513,10 @@ def test_a_key_spark_and_the_source_may_order_differently_is_not_checked(spark: 
     assert not ordered_key(timestamp_key)
 
 
-def test_dumped_rows_delta_holds_none_of_are_appended_apart_from_the_log_rows(
-    sink: DeltaSink,
-) -> None:
-    """Dumped rows whose keys Delta holds none of are appended, then the log rows go through
-    their own MERGE; each part is idempotent on its own, so a crash between them replays only
-    the log part (then one MERGE: Delta holds the dumped keys), and no key's version goes back
-    in the feed."""
+def test_a_batch_of_dumped_rows_and_log_rows_commits_them_apart(sink: DeltaSink) -> None:
+    """Dumped rows go in bounded by their range (an append where Delta holds none of it),
+    then the log rows through their own MERGE; each part is idempotent on its own, so a crash
+    between them replays only the log part, and no key's version goes back in the feed."""
     from delta.tables import DeltaTable
 
     _write(sink, 1, [_event("c", 50, 1, 10)])
@@ -544,29 +539,6 @@ def test_dumped_rows_delta_holds_none_of_are_appended_apart_from_the_log_rows(
     ]
     assert operations[:2] == ["MERGE", "WRITE"]  # newest first: the log MERGE, the append
     assert len(operations) == 4  # the table's creation, batch 1, then batch 2's two parts
-    feed = [(r["a"], r["_dblog_position"]) for r in _feed(sink)]
-    for key in {a for a, _ in feed}:
-        positions = [p for a, p in feed if a == key]
-        assert positions == sorted(positions), (key, positions)
-
-
-def test_dumped_and_log_rows_over_keys_delta_holds_are_one_merge(sink: DeltaSink) -> None:
-    """Where Delta holds keys among the dumped ones, a batch's dumped and log rows go in one
-    MERGE (one commit, the newest row of each key), bounded by both ranges; a batch of log rows
-    alone is bounded by theirs."""
-    name = str(TABLE)
-    _write(sink, 1, [_event("c", 1, 1, 10), _event("c", 2, 1, 11), _event("c", 50, 1, 12)])
-    dumped = [dataclasses.replace(_event("r", a, 2, 40), chunk_id=1, dump_id=1) for a in (1, 2, 3)]
-    logged = [_event("u", 2, 3, 41), _event("u", 50, 4, 42)]
-    version = _version(sink)
-    for _ in range(2):  # the second time replayed: nothing
-        _write(sink, 2, dumped + logged, {name: (1, 3)}, {name}, {name: (2, 50)})
-        assert _version(sink) == version + 1
-    state = _state(sink)
-    assert {a: state[a]["qty"] for a in state} == {1: 2, 2: 3, 3: 2, 50: 4}
-    _write(sink, 3, [_event("u", 3, 7, 50), _event("c", 60, 7, 51)], None, {name}, {name: (3, 60)})
-    state = _state(sink)
-    assert {a: state[a]["qty"] for a in state} == {1: 2, 2: 3, 3: 7, 50: 4, 60: 7}
     feed = [(r["a"], r["_dblog_position"]) for r in _feed(sink)]
     for key in {a for a, _ in feed}:
         positions = [p for a, p in feed if a == key]

@@ -20,13 +20,7 @@ from airflow_dblog.core.position import Position
 from airflow_dblog.engine import segment
 from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef, encode_rows
 from airflow_dblog.engine.event_text import EventText, plain_value
-from airflow_dblog.engine.spool import (
-    Spool,
-    chunks_beside,
-    dump_bounds,
-    log_bounds,
-    logged_tables,
-)
+from airflow_dblog.engine.spool import Spool, chunks_beside, dump_bounds, logged_tables
 from airflow_dblog.errors import DblogError
 
 pytest.importorskip("pyarrow")  # segments are Parquet (the [spark] extra)
@@ -98,7 +92,6 @@ def test_segments_are_numbered_whole_files_with_the_footer_last(tmp_path: Path) 
         "tables": ["db.t"],
         "logged": ["db.t"],
         "dump_keys": {},
-        "log_keys": {"db.t": [1, 2]},  # the log events' first key column spans this
         "chunk_folders": [],
     }
     assert spool.footer(1)["closed"] == [{"chunk_id": 7}]
@@ -186,22 +179,6 @@ def test_footers_say_which_tables_hold_only_dumped_rows_and_their_key_range(
     assert logged_tables(footers[:2]) == {"db.t"}  # db.t has a log event too
     assert footers[1]["tables"] == ["db.t", "db.u"] and footers[1]["logged"] == ["db.t"]
     assert dump_bounds(footers) == {"db.t": (3, 8)}  # decimals are text here: no order to trust
-
-
-def test_footers_say_the_key_range_of_each_tables_log_events(tmp_path: Path) -> None:
-    spool = Spool(tmp_path / "spool")
-    other = TableId("db", "u")
-    spool.append([_event(9), _event(4), _chunk(spool.chunks, [100])], {"closed": []})
-    spool.append([_event(12)], {"closed": []})
-    odd = ChangeEvent(other, "u", (decimal.Decimal("1.5"),), Position.mysql(1, 20), after={})
-    spool.append([odd], {"closed": []})
-    footers = [spool.footer(seq) for seq in spool.segments()]
-    assert footers[0]["log_keys"] == {"db.t": [4, 9]}  # the dumped 100 is not a log event
-    assert log_bounds(footers[:2]) == {"db.t": (4, 12)}
-    assert footers[2]["log_keys"] == {"db.u": None}  # decimals are text in Spark: no order
-    assert log_bounds(footers) == {"db.t": (4, 12)}
-    before = {k: v for k, v in footers[1].items() if k != "log_keys"}  # a footer of 0.3
-    assert log_bounds([footers[0], before]) == {}  # it did not say: no range to trust
 
 
 def test_a_table_dumped_with_int_and_str_first_keys_has_no_key_range(tmp_path: Path) -> None:
