@@ -316,12 +316,14 @@ class TreeMeter(threading.Thread):
             for root in self.roots:
                 for pid in process_tree(root):
                     self.cpu[pid] = max(self.cpu.get(pid, 0.0), cpu_seconds([pid]))
-                    self.kind[pid] = "root" if pid == root else process_kind(pid)  # exec'd
+                    kind = process_kind(pid)  # asked again: a shell may exec a JVM
+                    self.kind[pid] = f"{kind} (root)" if pid == root else kind
             self.peak_rss = max(self.peak_rss, sum(rss_of_tree(root) for root in self.roots))
             return sum(self.cpu.values())
 
     def by_kind(self) -> dict[str, float]:
-        """CPU seconds so far by kind of process: the root, its JVMs, its Python workers."""
+        """CPU seconds so far by kind of process: the roots (dblog's driver; the peer's Debezium
+        and its Spark job's driver), their JVMs and Python workers."""
         with self.lock:
             out: dict[str, float] = {}
             for pid, cpu in self.cpu.items():
