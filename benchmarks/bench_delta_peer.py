@@ -326,9 +326,8 @@ class TreeMeter(threading.Thread):
         and its Spark job's driver), their JVMs and Python workers."""
         with self.lock:
             out: dict[str, float] = {}
-            for pid, cpu in self.cpu.items():
-                kind = self.kind.get(pid, "other")
-                out[kind] = round(out.get(kind, 0.0) + cpu, 2)
+            for pid, cpu in self.cpu.items():  # sample() names each pid it measures
+                out[self.kind[pid]] = round(out.get(self.kind[pid], 0.0) + cpu, 2)
             return out
 
     def add(self, pid: int) -> None:
@@ -830,9 +829,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     pipelines = {s.strip() for s in args.pipelines.split(",") if s.strip()}
     if not pipelines or pipelines - {"dblog", "peer", "floor"}:
         parser.error(f"--pipelines: {args.pipelines!r}: name dblog, peer and/or floor")
-    java = args.java or find_java()
-    home = debezium_server(args.debezium_version) if "peer" in pipelines else None
-    jar = mariadb_jdbc_jar(args.jdbc_version)
+    floor = "quiet" in loads and "floor" in pipelines
+    # fetch only what the pipelines run: Debezium and a Java 21+ (peer), the JDBC jar (floor)
+    java = (args.java or find_java()) if "peer" in pipelines else None
+    home = debezium_server(args.debezium_version) if java else None
+    jar = mariadb_jdbc_jar(args.jdbc_version) if floor else None
 
     url = f"mysql://dblog:dblog@127.0.0.1:{PORT}"
     db = f"bench_{uuid.uuid4().hex[:8]}"
@@ -845,7 +846,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "rows": args.rows,
         "chunk_size": args.chunk_size,
         "debezium_server": args.debezium_version,
-        "java_debezium": java_version(java),
+        "java_debezium": java_version(java) if java else None,
         "jdbc_driver": args.jdbc_version,
         "loads": loads,
     }
@@ -854,9 +855,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         create_source(conn, db, args.rows)
         columns, key = table_columns(conn, db)
         bench = Bench(url, conn, db, args.rows, args.chunk_size, work, args.timeout, columns, key)
-        bench.java, bench.debezium_home = java, home
-        floor = "quiet" in loads and "floor" in pipelines
-        result["floor"] = bench.run_floor(jar) if floor else None
+        bench.java, bench.debezium_home = java or "", home
+        result["floor"] = bench.run_floor(jar) if jar else None
         runs: dict[str, dict[str, Any]] = {}
         for load in loads:
             runs[load] = {
