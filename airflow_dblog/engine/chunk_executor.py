@@ -38,7 +38,17 @@ from airflow_dblog.sources.watermark import Opened, Selection, WatermarkStrategy
 log = logging.getLogger(__name__)
 
 RESELECT_ATTEMPTS = 3
+# A range chunk's page may hold this share of its size more than the cut counted: rows inserted
+# into its range between the cut and the SELECT then stay in the chunk, instead of filling the
+# page before its upper key and leaving the last few keys to a chunk (a SELECT, a window, a
+# Spark job) of their own
+PAGE_SLACK = 0.25
 HISTORY_RETRY_S = 1.0  # wait before a chunk whose window cannot be judged yet is tried again
+
+
+def page_limit(chunk_size: int) -> int:
+    """The LIMIT of a range chunk cut ``chunk_size`` keys long (:data:`PAGE_SLACK`)."""
+    return chunk_size + max(1, int(chunk_size * PAGE_SLACK))
 
 
 @dataclass
@@ -174,7 +184,7 @@ class ChunkExecutor:
         try:
             table = TableId.parse(chunk.table_name)
             known = self._schemas.get(table) or self.source.describe(table)
-            self._send(chunk, self._selection(table, chunk, chunk_size), known, 1)
+            self._send(chunk, self._selection(table, chunk, page_limit(chunk_size)), known, 1)
         except DblogError as err:
             err = self._key_change(chunk) or err
             self._fail_if_own(chunk.dump_id, f"chunk {chunk.table_name}#{chunk.seq}", err)

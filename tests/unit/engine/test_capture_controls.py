@@ -14,6 +14,7 @@ import pytest
 from airflow_dblog.config import Config
 from airflow_dblog.core.events import ChangeEvent, Heartbeat, TableId
 from airflow_dblog.engine import capture as capture_module
+from airflow_dblog.engine.chunk_executor import page_limit
 from airflow_dblog.engine.chunk_file import ChunkSelected
 from airflow_dblog.engine.chunk_runner import LateRunner, ThreadChunkRunner
 from airflow_dblog.engine.chunk_task import ChunkTask
@@ -168,8 +169,8 @@ def test_the_chunk_size_of_the_controls_applies_from_the_next_cut(
     store.set_controls(config.name, chunk_size=5, parallelism=2)
     capture.step(timeout_s=0)
     assert [(t.lower, t.upper, t.limit) for t in held.tasks] == [
-        (None, (2,), 3),
-        ((2,), (7,), 5),
+        (None, (2,), page_limit(3)),
+        ((2,), (7,), page_limit(5)),
     ]
     capture.close()
 

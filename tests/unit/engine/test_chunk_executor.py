@@ -12,7 +12,7 @@ import pytest
 
 from airflow_dblog.core.events import ChangeEvent, LogItem, TableId, WatermarkEvent
 from airflow_dblog.core.merge import DumpedRows, WatermarkMerge
-from airflow_dblog.engine.chunk_executor import ChunkExecutor
+from airflow_dblog.engine.chunk_executor import ChunkExecutor, page_limit
 from airflow_dblog.engine.chunk_file import ChunkFiles, Covered
 from airflow_dblog.engine.chunk_runner import ThreadChunkRunner
 from airflow_dblog.engine.metadata import MetadataStore
@@ -113,7 +113,7 @@ def test_a_chunk_selects_its_keyset_page_and_writes_the_high_watermark_after_the
     _poll_until_done(executor)
     low, high = _watermarks(fake_db)
     assert low.stream == high.stream == STREAM and low.value != high.value
-    assert fake_db.selects == [(items, None, (3,), 3)]
+    assert fake_db.selects == [(items, None, (3,), page_limit(3))]
     (done,) = meta.chunks(chunk.dump_id)
     assert (done.state, done.low_watermark, done.high_watermark) == (
         "selected",
@@ -131,12 +131,29 @@ def test_a_page_filled_before_its_upper_key_leaves_the_rest_of_the_range_to_a_ne
     _dump(fake_db, meta, tmp_path)
     chunk = executor.claim(3)
     assert chunk is not None and chunk.upper_key == [6]
-    fake_db.insert(table, {"id": 1}, {"id": 3})  # the page of 3 now ends at 3
+    fake_db.insert(table, {"id": 1}, {"id": 3}, {"id": 5})  # the page of 4 now ends at 4
     executor.start(chunk, 3)
     _poll_until_done(executor)
     first, rest = meta.chunks(chunk.dump_id)
-    assert (first.lower_key, first.upper_key, first.state) == (None, [3], "selected")
-    assert (rest.lower_key, rest.upper_key, rest.state) == ([3], [6], "pending")
+    assert (first.lower_key, first.upper_key, first.state) == (None, [4], "selected")
+    assert (rest.lower_key, rest.upper_key, rest.state) == ([4], [6], "pending")
+
+
+def test_a_row_inserted_into_a_chunks_range_since_its_cut_stays_in_the_chunk(
+    fake_db: FakeDatabase, meta: MetadataStore, executor: ChunkExecutor, tmp_path: Path
+) -> None:
+    """No chunk of its own for the last few keys: the page has room beyond the cut's count."""
+    table = fake_db.create_table("gaps", {"id": "int"})
+    fake_db.insert(table, *({"id": i} for i in (2, 4, 6, 8)))
+    _dump(fake_db, meta, tmp_path)
+    chunk = executor.claim(3)
+    assert chunk is not None and chunk.upper_key == [6]
+    fake_db.insert(table, {"id": 3})
+    executor.start(chunk, 3)
+    _poll_until_done(executor)
+    (only,) = meta.chunks(chunk.dump_id)
+    assert (only.lower_key, only.upper_key, only.state) == (None, [6], "selected")
+    assert only.rows_selected == 4
 
 
 def test_each_range_chunk_covers_its_keys_the_first_from_below_and_the_last_above_its_bound(
@@ -152,19 +169,19 @@ def test_each_range_chunk_covers_its_keys_the_first_from_below_and_the_last_abov
     read = executor.merge.last_position
     dump_id = _dump(fake_db, meta, tmp_path)
     covers = []
-    for inserted in ((1, 3), (), (), ()):
+    for inserted in ((1, 3, 5), (), (), ()):
         chunk = executor.claim(3)
         if chunk is None:
             break
-        fake_db.insert(table, *({"id": i} for i in inserted))  # the first page ends at 3
+        fake_db.insert(table, *({"id": i} for i in inserted))  # the first page ends at 4
         executor.start(chunk, 3)
         _poll_until_done(executor)
         (dumped,) = [o for o in _feed(executor, reader) if isinstance(o, DumpedRows)]
         covers.append(dumped.rows.covers)
     assert read is not None and meta.dump_tables(dump_id)[0].bound_position == str(read)
     assert covers == [
-        Covered(None, [3]),  # filled early: up to its last row; from the table's first key
-        Covered([3], [6]),  # the rest of the first cut
+        Covered(None, [4]),  # filled early: up to its last row; from the table's first key
+        Covered([4], [6]),  # the rest of the first cut
         Covered([6], [10], last=True, bound_position=str(read)),
     ]
 
