@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO, NamedTuple
 
 from airflow_dblog.engine.chunk_file import ChunkRef, span
@@ -69,8 +69,14 @@ def arrow_schema() -> pa.Schema:
     )
 
 
-def summarize(seq: int, items: Sequence[Item], footer: Footer) -> Footer:
-    """The footer as written: the caller's part and what the segment holds."""
+def summarize(
+    seq: int,
+    items: Sequence[Item],
+    footer: Footer,
+    log_keys: Mapping[str, list[Any] | None] | None = None,
+) -> Footer:
+    """The footer as written: the caller's part and what the segment holds (``log_keys``: the
+    first key column's [lowest, highest] of each table's log events, None where unordered)."""
     tables: set[str] = set()
     logged: set[str] = set()
     dumped: dict[str, list[Any] | None] = {}  # table -> first key column's [lowest, highest]
@@ -96,6 +102,7 @@ def summarize(seq: int, items: Sequence[Item], footer: Footer) -> Footer:
         "tables": sorted(tables),
         "logged": sorted(logged),
         "dump_keys": dumped,
+        "log_keys": {t: (log_keys or {}).get(t) for t in sorted(logged)},
         "chunk_folders": [i.folder for i in items if isinstance(i, ChunkRef) and i.folder],
     }
 

@@ -120,7 +120,7 @@ class Spool:
     def append(self, items: Sequence[ChangeEvent | ChunkRef], footer: dict[str, Any]) -> int:
         seq = self.end() if self._next is None else self._next
         texts: list[Item] = [i if isinstance(i, ChunkRef) else EventText.of(i) for i in items]
-        footer = segment.summarize(seq, texts, footer)
+        footer = segment.summarize(seq, texts, footer, _log_keys(items))
         self._write(seq, segment.encode(texts, footer))
         if self._next is not None:
             self._next = seq + 1
@@ -240,16 +240,46 @@ class Spool:
         return dropped
 
 
+def _log_keys(items: Sequence[ChangeEvent | ChunkRef]) -> dict[str, list[Any] | None]:
+    """Per table, the first key column's [lowest, highest] of its log events (None where Python
+    and Spark may order the values differently)."""
+    spans: dict[str, list[Any] | None] = {}
+    for item in items:
+        if isinstance(item, ChangeEvent):
+            name = str(item.table)
+            spans[name] = span(spans.get(name, []), item.key[0] if item.key else None)
+    return spans
+
+
 def dump_bounds(footers: Sequence[dict[str, Any]]) -> dict[str, tuple[Any, Any]]:
     """Tables with dumped rows in these segments, with the range of those rows' first key.
 
     A table whose dumped keys have no order Python and Spark agree on is left out.
     """
+    return _bounds(footers, ("dump_keys",))
+
+
+def row_bounds(footers: Sequence[dict[str, Any]]) -> dict[str, tuple[Any, Any]]:
+    """Tables with log events in these segments, with the range of the first key of all their
+    rows there, logged and dumped: what a MERGE of them may be bounded by. Left out as in
+    :func:`dump_bounds`, and where a footer does not say its log events' range (one written
+    before footers did)."""
+    logged = logged_tables(footers)
+    found = _bounds(footers, ("log_keys", "dump_keys"), unsaid="log_keys")
+    return {table: bounds for table, bounds in found.items() if table in logged}
+
+
+def _bounds(
+    footers: Sequence[dict[str, Any]], names: Sequence[str], unsaid: str | None = None
+) -> dict[str, tuple[Any, Any]]:
     spans: dict[str, list[Any] | None] = {}
     for footer in footers:
-        for table, bounds in footer.get("dump_keys", {}).items():
-            for value in bounds or [None]:  # None: this table's keys have no usable order
-                spans[table] = span(spans.get(table, []), value)
+        if unsaid is not None and unsaid not in footer:
+            spans.update(dict.fromkeys(logged_tables([footer])))  # no usable order
+        for name in names:
+            for table, bounds in footer.get(name, {}).items():
+                for value in bounds or [None]:  # None: this table's keys have no usable order
+                    spans[table] = span(spans.get(table, []), value)
     return {table: (b[0], b[1]) for table, b in spans.items() if b}
 
 

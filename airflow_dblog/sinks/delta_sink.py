@@ -267,12 +267,14 @@ def quoted(name: str) -> str:
 class FrameBatch:
     """A batch as Delta's query has it: the spool's events (``segment.EVENT_COLUMNS`` and each
     event's segment in ``seq``), the ``db.table`` names with events, the range of the first key
-    column of each table's dumped rows, and the tables with log events."""
+    column of each table's dumped rows, the tables with log events, and the range of the first
+    key column of all the rows of each table with log events (``spool.row_bounds``)."""
 
     events: DataFrame
     tables: Collection[str]
     dump_bounds: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
     logged: Collection[str] = ()
+    row_bounds: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
 
 
 class DeltaSink:
@@ -341,12 +343,12 @@ class DeltaSink:
         """Apply one batch to every table it touches (the :class:`~airflow_dblog.sinks.base.Sink`
         contract: ``segment`` is the batch's last spool segment).
 
-        A table's dumped rows go in first, bounded by their key range (an append where Delta
-        holds none of it), then its log rows through a MERGE of their own: dumped rows joined
-        against the whole table made every batch under load cost a full MERGE. Each part commits
-        under its own transaction app id, so a crash between the two replays only the second.
-        The order is free: the position guard keeps the newest row of a key either way, and a
-        key's dumped row is always older than its log rows after the window.
+        A table's log rows, and its dumped rows where Delta holds keys in their range, go in
+        one MERGE bounded by the first key column's range of both (Delta reads only the files
+        that can match): one commit, one pass over the table. Dumped rows into a range Delta
+        holds none of are appended first, under the dump's own transaction app id, then the log
+        rows merged: a crash between the two replays only the second, whose position guard
+        keeps the newest row of each key either way.
         """
         version = self.txn_version(segment)
         events = batch.events
@@ -354,15 +356,18 @@ class DeltaSink:
             table = TableId.parse(name)
             self._follow_schema(table)
             rows = events.where(events["table"] == name)
-            bounds = batch.dump_bounds.get(name)
-            if bounds is None:
-                self._merge(self.app_id, version, table, rows)
-            elif name not in batch.logged:
-                self._merge(self._dump_app_id, version, table, rows, bounds)
+            dump = batch.dump_bounds.get(name)
+            both = batch.row_bounds.get(name)
+            if name not in batch.logged:
+                self._merge(self._dump_app_id, version, table, rows, dump, probe=True)
+            elif dump is None or self._holds_in(table, dump):
+                self._merge(self.app_id, version, table, rows, both)
             else:
-                dumped = rows["chunk_id"].isNotNull()
-                self._merge(self._dump_app_id, version, table, rows.where(dumped), bounds)
-                self._merge(self.app_id, version, table, rows.where(~dumped))
+                dumped = rows.where(rows["chunk_id"].isNotNull())
+                self._merge(self._dump_app_id, version, table, dumped, dump, append=True)
+                self._merge(
+                    self.app_id, version, table, rows.where(rows["chunk_id"].isNull()), both
+                )
         for table in self.schemas:
             self._purge_tombstones(table)
 
@@ -411,14 +416,18 @@ class DeltaSink:
         table: TableId,
         events: DataFrame,
         bounds: tuple[Any, Any] | None = None,
+        *,
+        probe: bool = False,
+        append: bool = False,
     ) -> None:
         """One guarded MERGE of the newest event of each key.
 
-        ``bounds``: the batch holds only dumped rows of this table, whose first key column
-        spans ``bounds``: the ON clause says so, and Delta reads only the files overlapping
-        that range (dumps arrive in key order) instead of joining against the whole table.
-        Into a table without files (a new one) the rows are appended: nothing there to match,
-        so that is the MERGE's result, at a fraction of its cost.
+        ``bounds``: the events' first key column spans ``bounds``: the ON clause says so, and
+        Delta reads only the files overlapping that range (dumps arrive in key order) instead
+        of joining against the whole table. Into a table without files (a new one), where
+        Delta holds no row in ``bounds`` (``probe``: looked for first, as in a first dump), or
+        with ``append`` (the caller looked) the rows are appended: nothing there to match, so
+        that is the MERGE's result, at a fraction of its cost.
         """
         from pyspark.sql import functions as F
 
@@ -426,22 +435,15 @@ class DeltaSink:
         rows = self._latest(events).select(
             *self._columns(schema, events), F.col("unavailable").alias("_unavailable")
         )
+        if append or not self._holds_in(table, bounds if probe else None):
+            # nothing there to match (a new table, a first dump): an append is the MERGE's result
+            self._append(app_id, version, rows.drop("_unavailable"), table)
+            return
         target = self._table(table)
-        if table not in self._holding:
-            if not target.detail().first()["numFiles"]:
-                self._append(app_id, version, rows.drop("_unavailable"), table)
-                return
-            self._holding.add(table)
         on = _same_key(schema)
         if bounds is not None:
-            key_type = key_types(schema)[0]
-            low, high = (_typed(key_type, F.lit(str(b))) for b in bounds)
             first = quoted(schema.key[0])
-            if not target.toDF().where(F.col(first).between(low, high)).limit(1).count():
-                # nothing there to match (a first dump): an append is the MERGE's result
-                self._append(app_id, version, rows.drop("_unavailable"), table)
-                return
-            on = on & F.col(f"t.{first}").between(low, high)
+            on = on & F.col(f"t.{first}").between(*self._typed_bounds(schema, bounds))
         keep_unavailable = {
             c.name: F.when(
                 F.array_contains(F.col("s._unavailable"), c.name), F.col(f"t.{quoted(c.name)}")
@@ -483,6 +485,29 @@ class DeltaSink:
         finally:
             conf.unset(_TXN_APP)
             conf.unset(_TXN_VERSION)
+
+    def _holds_in(self, table: TableId, bounds: tuple[Any, Any] | None) -> bool:
+        """Whether Delta holds a row of ``table`` (with its first key column in ``bounds``)."""
+        from pyspark.sql import functions as F
+
+        target = self._table(table)
+        if table not in self._holding:
+            if not target.detail().first()["numFiles"]:
+                return False
+            self._holding.add(table)
+        if bounds is None:
+            return True
+        schema = self.schemas[table]
+        first = F.col(quoted(schema.key[0]))
+        return bool(
+            target.toDF().where(first.between(*self._typed_bounds(schema, bounds))).limit(1).count()
+        )
+
+    @staticmethod
+    def _typed_bounds(schema: TableSchema, bounds: tuple[Any, Any]) -> list[SparkColumn]:
+        from pyspark.sql import functions as F
+
+        return [_typed(key_types(schema)[0], F.lit(str(b))) for b in bounds]
 
     @staticmethod
     def _changes_the_row(schema: TableSchema) -> SparkColumn:

@@ -42,7 +42,7 @@ from airflow_dblog.engine.segment import EVENT_COLUMNS, Footer
 from airflow_dblog.engine.segment import SPARK_DDL as SEGMENT_DDL
 from airflow_dblog.engine.signals import SignalChannel
 from airflow_dblog.engine.sink_barrier import SinkBarrier
-from airflow_dblog.engine.spool import Spool, dump_bounds, logged_tables
+from airflow_dblog.engine.spool import Spool, dump_bounds, logged_tables, row_bounds
 from airflow_dblog.engine.spool_store import S3_ENDPOINT, join
 from airflow_dblog.errors import DblogError
 from airflow_dblog.sinks.base import ReadBack, Sink
@@ -133,7 +133,9 @@ class BatchCommitter:
                 last,
                 count,
             )
-            batch = FrameBatch(events, tables, dump_bounds(footers), logged_tables(footers))
+            batch = FrameBatch(
+                events, tables, dump_bounds(footers), logged_tables(footers), row_bounds(footers)
+            )
             self.sink.write(last, batch)
         written = time.monotonic()
         if self.checks is not None:

@@ -99,11 +99,13 @@ def _write(
     events: list[ChangeEvent],
     dump_bounds: dict[str, tuple[Any, Any]] | None = None,
     logged: set[str] | None = None,
+    row_bounds: dict[str, tuple[Any, Any]] | None = None,
 ) -> None:
     """``dump_bounds`` without ``logged``: the batch holds dumped rows alone."""
     frame = _frame(sink.spark, events)
     tables = {str(e.table) for e in events}
-    sink.write(batch_id, FrameBatch(frame, tables, dump_bounds or {}, logged or ()))
+    batch = FrameBatch(frame, tables, dump_bounds or {}, logged or (), row_bounds or {})
+    sink.write(batch_id, batch)
 
 
 def _feed(sink: DeltaSink) -> list[Any]:
@@ -539,6 +541,34 @@ def test_a_batch_of_dumped_rows_and_log_rows_commits_them_apart(sink: DeltaSink)
     ]
     assert operations[:2] == ["MERGE", "WRITE"]  # newest first: the log MERGE, the append
     assert len(operations) == 4  # the table's creation, batch 1, then batch 2's two parts
+    feed = [(r["a"], r["_dblog_position"]) for r in _feed(sink)]
+    for key in {a for a, _ in feed}:
+        positions = [p for a, p in feed if a == key]
+        assert positions == sorted(positions), (key, positions)
+
+
+def test_dumped_and_log_rows_where_delta_holds_dumped_keys_go_in_one_merge(
+    sink: DeltaSink,
+) -> None:
+    """A re-dump under writes: one commit for the batch, bounded by the range of all its keys;
+    replayed, it commits nothing, and no key's version goes back in the feed."""
+    from delta.tables import DeltaTable
+
+    _write(sink, 1, [_event("c", a, 1, 10) for a in (1, 2, 3, 50)])
+    dumped = [dataclasses.replace(_event("r", a, 2, 40), chunk_id=1, dump_id=1) for a in (1, 2, 3)]
+    logged = [
+        _event("u", 2, 3, 41),  # after the window: newer than the dumped row of key 2
+        _event("u", 50, 4, 42),  # a key outside the dumped range
+        _event("c", 60, 5, 43),  # a new key
+    ]
+    name = str(TABLE)
+    for _ in range(2):  # replayed: nothing
+        _write(sink, 2, dumped + logged, {name: (1, 3)}, {name}, {name: (1, 60)})
+    state = _state(sink)
+    assert {a: state[a]["qty"] for a in state} == {1: 2, 2: 3, 3: 2, 50: 4, 60: 5}
+    history = DeltaTable.forPath(sink.spark, sink.table_path(TABLE)).history().collect()
+    assert [r["operation"] for r in history][:2] == ["MERGE", "WRITE"]  # batch 2, batch 1
+    assert len(history) == 3  # the table's creation, batch 1, batch 2
     feed = [(r["a"], r["_dblog_position"]) for r in _feed(sink)]
     for key in {a for a, _ in feed}:
         positions = [p for a, p in feed if a == key]

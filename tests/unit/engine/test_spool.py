@@ -20,7 +20,13 @@ from airflow_dblog.core.position import Position
 from airflow_dblog.engine import segment
 from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef, encode_rows
 from airflow_dblog.engine.event_text import EventText, plain_value
-from airflow_dblog.engine.spool import Spool, chunks_beside, dump_bounds, logged_tables
+from airflow_dblog.engine.spool import (
+    Spool,
+    chunks_beside,
+    dump_bounds,
+    logged_tables,
+    row_bounds,
+)
 from airflow_dblog.errors import DblogError
 
 pytest.importorskip("pyarrow")  # segments are Parquet (the [spark] extra)
@@ -92,6 +98,7 @@ def test_segments_are_numbered_whole_files_with_the_footer_last(tmp_path: Path) 
         "tables": ["db.t"],
         "logged": ["db.t"],
         "dump_keys": {},
+        "log_keys": {"db.t": [1, 2]},
         "chunk_folders": [],
     }
     assert spool.footer(1)["closed"] == [{"chunk_id": 7}]
@@ -192,6 +199,27 @@ def test_a_table_dumped_with_int_and_str_first_keys_has_no_key_range(tmp_path: P
     assert dump_bounds([mixed, alone]) == {} and dump_bounds([alone]) == {"db.t": (7, 7)}
     spool.append([_chunk(files, [True], chunk_id=4)], {"closed": []})  # bools are not ints here
     assert spool.footer(2)["dump_keys"] == {"db.t": None}
+
+
+def test_a_batchs_merge_bounds_span_each_logged_tables_log_and_dumped_keys(
+    tmp_path: Path,
+) -> None:
+    spool = Spool(tmp_path / "spool")
+    other = TableId("db", "u")
+    files = spool.chunks
+    spool.append([_event(12), _event(4), _chunk(files, ["b"], other, 2)], {"closed": []})
+    spool.append([_chunk(files, [30, 31], chunk_id=3), _event(9)], {"closed": []})
+    first, second = spool.footer(0), spool.footer(1)
+    assert first["log_keys"] == {"db.t": [4, 12]}  # db.u has dumped rows alone: not logged
+    assert row_bounds([first]) == {"db.t": (4, 12)}
+    assert row_bounds([first, second]) == {"db.t": (4, 31)}  # its dumped keys too
+    spool.append([ChangeEvent(other, "c", ("x",), Position.mysql(1, 99), after={})], {"closed": []})
+    assert row_bounds([spool.footer(2)]) == {"db.u": ("x", "x")}
+    unordered = _chunk(files, [decimal.Decimal("2.5")], chunk_id=5)
+    spool.append([_event(1), unordered], {"closed": []})
+    assert row_bounds([first, spool.footer(3)]) == {}  # a dumped key Spark orders otherwise
+    older = {k: v for k, v in first.items() if k != "log_keys"}  # a footer from before
+    assert row_bounds([older]) == {} and dump_bounds([older]) == {"db.u": ("b", "b")}
 
 
 def test_a_chunk_reference_stands_where_its_rows_belong_and_the_footer_counts_them(
