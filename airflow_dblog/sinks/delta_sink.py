@@ -126,6 +126,22 @@ def ordered_key(schema: TableSchema) -> bool:
     return all(isinstance(t, (T.LongType, T.DecimalType, T.DateType)) for t in key_types(schema))
 
 
+def usable_bounds(schema: TableSchema, bounds: tuple[Any, Any] | None) -> tuple[Any, Any] | None:
+    """``bounds`` of the first key column if Spark compares its values as Python did when it
+    found them (integers on a numeric column, text on a text column), else None: a range
+    compared otherwise (``"10" < "9"``) could leave out keys Delta holds."""
+    from pyspark.sql import types as T
+
+    if bounds is None:
+        return None
+    target = key_types(schema)[0]
+    if all(type(b) is int for b in bounds) and isinstance(target, T.NumericType):
+        return bounds
+    if all(type(b) is str for b in bounds) and isinstance(target, T.StringType):
+        return bounds
+    return None
+
+
 def _key_value(target: DataType, text: str) -> Any:
     """A key value Spark gave as text, as JSON the source's ``coerce_key`` takes."""
     from pyspark.sql import types as T
@@ -356,8 +372,9 @@ class DeltaSink:
             table = TableId.parse(name)
             self._follow_schema(table)
             rows = events.where(events["table"] == name)
-            dump = batch.dump_bounds.get(name)
-            both = batch.row_bounds.get(name)
+            schema = self.schemas[table]
+            dump = usable_bounds(schema, batch.dump_bounds.get(name))
+            both = usable_bounds(schema, batch.row_bounds.get(name))
             if name not in batch.logged:
                 self._merge(self._dump_app_id, version, table, rows, dump, probe=True)
             elif dump is None or self._holds_in(table, dump):
