@@ -375,14 +375,15 @@ class DeltaSink:
             schema = self.schemas[table]
             dump = usable_bounds(schema, batch.dump_bounds.get(name))
             both = usable_bounds(schema, batch.row_bounds.get(name))
+            target = self._table(table)  # one lookup of the table's log per MERGE
             if name not in batch.logged:
-                self._merge(self._dump_app_id, version, table, rows, dump, probe=True)
-            elif dump is None or self._holds_in(table, dump):
-                self._merge(self.app_id, version, table, rows, both)
+                self._merge(self._dump_app_id, version, table, rows, dump, target, probe=True)
+            elif dump is None or self._holds_in(table, target, dump):
+                self._merge(self.app_id, version, table, rows, both, target)
             else:
                 dumped = rows.where(rows["chunk_id"].isNotNull())
-                self._merge(self._dump_app_id, version, table, dumped, dump, append=True)
-                self._merge(
+                self._merge(self._dump_app_id, version, table, dumped, dump, target, append=True)
+                self._merge(  # after the append's commit: the table looked up again
                     self.app_id, version, table, rows.where(rows["chunk_id"].isNull()), both
                 )
         for table in self.schemas:
@@ -433,6 +434,7 @@ class DeltaSink:
         table: TableId,
         events: DataFrame,
         bounds: tuple[Any, Any] | None = None,
+        target: Any = None,
         *,
         probe: bool = False,
         append: bool = False,
@@ -444,7 +446,8 @@ class DeltaSink:
         of joining against the whole table. Into a table without files (a new one), where
         Delta holds no row in ``bounds`` (``probe``: looked for first, as in a first dump), or
         with ``append`` (the caller looked) the rows are appended: nothing there to match, so
-        that is the MERGE's result, at a fraction of its cost.
+        that is the MERGE's result, at a fraction of its cost. ``target``: the table as the
+        caller looked it up (else it is looked up here).
         """
         from pyspark.sql import functions as F
 
@@ -452,11 +455,11 @@ class DeltaSink:
         rows = self._latest(events).select(
             *self._columns(schema, events), F.col("unavailable").alias("_unavailable")
         )
-        if append or not self._holds_in(table, bounds if probe else None):
+        target = self._table(table) if target is None else target
+        if append or not self._holds_in(table, target, bounds if probe else None):
             # nothing there to match (a new table, a first dump): an append is the MERGE's result
             self._append(app_id, version, rows.drop("_unavailable"), table)
             return
-        target = self._table(table)
         on = _same_key(schema)
         if bounds is not None:
             first = quoted(schema.key[0])
@@ -503,11 +506,11 @@ class DeltaSink:
             conf.unset(_TXN_APP)
             conf.unset(_TXN_VERSION)
 
-    def _holds_in(self, table: TableId, bounds: tuple[Any, Any] | None) -> bool:
-        """Whether Delta holds a row of ``table`` (with its first key column in ``bounds``)."""
+    def _holds_in(self, table: TableId, target: Any, bounds: tuple[Any, Any] | None) -> bool:
+        """Whether Delta (``target``) holds a row of ``table`` (with its first key column in
+        ``bounds``)."""
         from pyspark.sql import functions as F
 
-        target = self._table(table)
         if table not in self._holding:
             if not target.detail().first()["numFiles"]:
                 return False
