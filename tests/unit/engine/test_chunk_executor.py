@@ -123,18 +123,34 @@ def test_a_chunk_selects_its_keyset_page_and_writes_the_high_watermark_after_the
     assert executor.files.folders() != []
 
 
-def test_a_page_filled_before_its_upper_key_leaves_the_rest_of_the_range_to_a_new_chunk(
-    fake_db: FakeDatabase, meta: MetadataStore, executor: ChunkExecutor, tmp_path: Path
-) -> None:
+def _first_chunk_with_rows_inserted_after_its_cut(
+    fake_db: FakeDatabase,
+    meta: MetadataStore,
+    executor: ChunkExecutor,
+    tmp_path: Path,
+    inserted: tuple[int, ...],
+) -> int:
+    """Keys 2, 4, 6, 8 cut by 3 (the first chunk up to 6), ``inserted`` between the cut and the
+    SELECT; the dump's id once the chunk is selected."""
     table = fake_db.create_table("gaps", {"id": "int"})
     fake_db.insert(table, *({"id": i} for i in (2, 4, 6, 8)))
     _dump(fake_db, meta, tmp_path)
     chunk = executor.claim(3)
     assert chunk is not None and chunk.upper_key == [6]
-    fake_db.insert(table, {"id": 1}, {"id": 3}, {"id": 5})  # the page of 4 now ends at 4
+    fake_db.insert(table, *({"id": i} for i in inserted))
     executor.start(chunk, 3)
     _poll_until_done(executor)
-    first, rest = meta.chunks(chunk.dump_id)
+    return chunk.dump_id
+
+
+def test_a_page_filled_before_its_upper_key_leaves_the_rest_of_the_range_to_a_new_chunk(
+    fake_db: FakeDatabase, meta: MetadataStore, executor: ChunkExecutor, tmp_path: Path
+) -> None:
+    # the page of 4 now ends at 4
+    dump_id = _first_chunk_with_rows_inserted_after_its_cut(
+        fake_db, meta, executor, tmp_path, (1, 3, 5)
+    )
+    first, rest = meta.chunks(dump_id)
     assert (first.lower_key, first.upper_key, first.state) == (None, [4], "selected")
     assert (rest.lower_key, rest.upper_key, rest.state) == ([4], [6], "pending")
 
@@ -143,15 +159,8 @@ def test_a_row_inserted_into_a_chunks_range_since_its_cut_stays_in_the_chunk(
     fake_db: FakeDatabase, meta: MetadataStore, executor: ChunkExecutor, tmp_path: Path
 ) -> None:
     """No chunk of its own for the last few keys: the page has room beyond the cut's count."""
-    table = fake_db.create_table("gaps", {"id": "int"})
-    fake_db.insert(table, *({"id": i} for i in (2, 4, 6, 8)))
-    _dump(fake_db, meta, tmp_path)
-    chunk = executor.claim(3)
-    assert chunk is not None and chunk.upper_key == [6]
-    fake_db.insert(table, {"id": 3})
-    executor.start(chunk, 3)
-    _poll_until_done(executor)
-    (only,) = meta.chunks(chunk.dump_id)
+    dump_id = _first_chunk_with_rows_inserted_after_its_cut(fake_db, meta, executor, tmp_path, (3,))
+    (only,) = meta.chunks(dump_id)
     assert (only.lower_key, only.upper_key, only.state) == (None, [6], "selected")
     assert only.rows_selected == 4
 
