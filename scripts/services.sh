@@ -199,7 +199,9 @@ wait_for() {
     shift 2
     local deadline=$((SECONDS + timeout))
     while ! "$@" >/dev/null 2>&1; do
-        if [ -z "$(service_pid "$svc")" ]; then
+        # the pid just spawned, alive: not service_pid's marker check, which fails while the
+        # forked shell has not yet exec'd the service (its command line is still ours)
+        if ! kill -0 "$(cat "$(pidfile "$svc")" 2>/dev/null)" 2>/dev/null; then
             show_log_tail "$svc"
             die "$svc exited during startup; see $(logfile "$svc")"
         fi
