@@ -20,7 +20,7 @@ and the same change must not be applied twice.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,6 +118,41 @@ def delta_rows(spark: Any, path: str, columns: Sequence[str]) -> Rows:
     return {tuple(r[c] for c in KEY): {c: r[c] for c in columns} for r in rows}
 
 
+def delta_holds(spark: Any, path: str, key: Mapping[str, Any]) -> bool:
+    """Whether Delta holds ``key`` (column: value) as a live row: a query of the files whose
+    statistics can hold it, not a read of the whole table (the stream shares the cores)."""
+    from pyspark.sql import functions as F
+
+    if delta_version(path) < 0:
+        return False
+    row = ~F.col("_dblog_deleted")
+    for column, value in key.items():
+        row = row & (F.col(column) == F.lit(value))
+    return bool(spark.read.format("delta").load(path).where(row).limit(1).count())
+
+
+def until_delta_holds(
+    spark: Any, path: str, key: Mapping[str, Any], stream: Stream, live: bool = True
+) -> None:
+    """Until Delta holds ``key`` as a live row (``live``), or no longer does; Delta is asked
+    again only when its version moved."""
+    seen: int | None = None
+    holds = not live
+    deadline = time.monotonic() + 300
+    while holds != live:
+        version = delta_version(path)
+        if version != seen:
+            seen, holds = version, delta_holds(spark, path, key)
+            continue
+        stream.check_alive()
+        assert time.monotonic() < deadline, f"timed out waiting for {key} {live=} in {path}"
+        time.sleep(0.5)
+
+
+def sentinel_key() -> dict[str, Any]:
+    return dict(zip(KEY, key_of(SENTINEL), strict=True))
+
+
 def delta_histories(spark: Any, path: str, version: str | None) -> dict[Any, list[Step]]:
     """Per key, the change data feed's new images in commit order."""
     columns = [*KEY, *([version] if version else []), "_dblog_position", "_dblog_op"]
@@ -179,29 +214,19 @@ def settle(
     config: Config,
     columns: Sequence[str],
     stream: Stream,
-    timeout_s: float = 300,
 ) -> dict[TableId, Rows]:
     """Delta's rows of every table once the stream has caught up with the log.
 
     Caught up: a sentinel row inserted now into each table has reached its Delta table; every
     change logged before it is then applied too (batches follow log order), so what Delta
-    lacks now it lacks for good. Delta is read only when a table's version moved.
+    lacks now it lacks for good. Each table is read whole once, when its sentinel is there.
     """
     for db in dbs:
         insert_rows(db, [SENTINEL], 0, "sentinel")
     paths = {db.table(): delta_path(config, db.table()) for db in dbs}
-    read: dict[TableId, tuple[int, Rows]] = {}
-    deadline = time.monotonic() + timeout_s
-    while True:
-        for table, path in paths.items():
-            version = delta_version(path)
-            if table not in read or read[table][0] != version:
-                read[table] = (version, delta_rows(spark, path, columns))
-        if all(key_of(SENTINEL) in rows for _, rows in read.values()):
-            return {table: rows for table, (_, rows) in read.items()}
-        stream.check_alive()
-        assert time.monotonic() < deadline, "the stream did not catch up with the log"
-        time.sleep(1)
+    for path in paths.values():
+        until_delta_holds(spark, path, sentinel_key(), stream)
+    return {table: delta_rows(spark, path, columns) for table, path in paths.items()}
 
 
 def check_outputs(

@@ -34,10 +34,11 @@ from tests.support.oracle import (
     Rows,
     assert_equal,
     delta_path,
-    delta_rows,
     delta_version,
     kafka_histories,
+    sentinel_key,
     settle,
+    until_delta_holds,
 )
 from tests.support.services import read_committed_until
 from tests.support.stream_process import Stream, until, write_config
@@ -69,8 +70,7 @@ def _caught_up(spark: Any, db: Db, config: Config, stream: Stream) -> Rows:
     """Delta's live rows once the stream has applied everything logged so far."""
     execute(db, f"DELETE FROM {db.quoted()} WHERE a = %s", (SENTINEL,))  # settle inserts it
     path = delta_path(config, db.table())
-    gone = lambda: key_of(SENTINEL) not in delta_rows(spark, path, COLUMNS)  # noqa: E731
-    until("the last sentinel's delete in Delta", gone, 300, stream)
+    until_delta_holds(spark, path, sentinel_key(), stream, live=False)
     return settle(spark, [db], config, COLUMNS, stream)[db.table()]
 
 
@@ -153,10 +153,9 @@ def _ranged_caught_up(spark: Any, db: Db, path: str, stream: Stream) -> RangedRo
     and gone."""
     sentinel = RANGED_SENTINEL
     execute(db, f"INSERT INTO {db.quoted()} VALUES (%s, 0, 'sentinel')", (sentinel,))
-    until("the sentinel in Delta", lambda: sentinel in _ranged_lake(spark, path), 300, stream)
+    until_delta_holds(spark, path, {"a": sentinel}, stream)
     execute(db, f"DELETE FROM {db.quoted()} WHERE a = %s", (sentinel,))
-    gone = lambda: sentinel not in _ranged_lake(spark, path)  # noqa: E731
-    until("the sentinel gone from Delta", gone, 300, stream)
+    until_delta_holds(spark, path, {"a": sentinel}, stream, live=False)
     return _ranged_lake(spark, path)
 
 
@@ -167,7 +166,7 @@ def _ranged_drift(spark: Any, db: Db, path: str, stream: Stream) -> list[int]:
         _without_log(db, f"DELETE FROM {db.quoted()} WHERE a IN ({', '.join(map(str, gone))})")
         return gone
     execute(db, f"DELETE FROM {db.quoted()} WHERE a = 300")  # logged: a tombstone in Delta
-    until("key 300's tombstone", lambda: 300 not in _ranged_lake(spark, path), 300, stream)
+    until_delta_holds(spark, path, {"a": 300}, stream, live=False)
     table = f"delta.`{path}`"
     for a in (-10, ROWS + 400):  # below the smallest key, above the largest
         spark.sql(

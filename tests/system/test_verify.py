@@ -31,10 +31,11 @@ from tests.support.oracle import (
     check_history,
     delta_histories,
     delta_path,
-    delta_rows,
     delta_version,
     kafka_histories,
+    sentinel_key,
     settle,
+    until_delta_holds,
 )
 from tests.support.services import read_committed_until
 from tests.support.stream_process import Stream, until, write_config
@@ -202,8 +203,7 @@ def test_verify_finds_the_drift_exactly_and_repairs_it_once_across_a_kill_9(
         done = lambda: all(store.progress(d.id).state == "done" for d in follow_ups)  # noqa: E731
         until("the repairs", done, 300, stream)
     execute(db, f"DELETE FROM {db.quoted()} WHERE a = %s", (SENTINEL,))
-    gone = lambda: key_of(SENTINEL) not in delta_rows(spark, path, COLUMNS)  # noqa: E731
-    until("the first sentinel's delete in Delta", gone, 300, stream)
+    until_delta_holds(spark, path, sentinel_key(), stream, live=False)
     lake = settle(spark, [db], config, COLUMNS, stream)[db.table()]
     source = source_rows(db)
     assert_equal([(f"Delta {db.table()}", source, lake)])

@@ -35,6 +35,7 @@ from airflow_dblog.config import Config, load_config
 from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.sources.mysql.binlog_reader import BinlogReader
+from tests.support.oracle import delta_version
 from tests.support.private_mariadb import private_mariadb
 from tests.support.services import MySQLServer, PostgresServer, read_committed_until
 from tests.support.stream_process import TEST_SPARK_CONF, Stream
@@ -233,13 +234,20 @@ def _delta_path(config: Config, table: TableId) -> Path:
     return Path(config.delta.path) / table.db / table.table
 
 
+_read: dict[Path, tuple[int, dict[int, int]]] = {}  # the last read of each table, by version
+
+
 def _delta_v(spark: Any, config: Config, table: TableId) -> dict[int, int]:
-    """id -> v of the live rows in Delta ({} before the table's first commit)."""
+    """id -> v of the live rows in Delta ({} before the table's first commit); read again only
+    when the table's version moved (polled: the stream shares the cores)."""
     path = _delta_path(config, table)
-    if not any((path / "_delta_log").glob("*.json")):  # the directory comes before the commit
+    version = delta_version(str(path))
+    if version < 0:
         return {}
-    rows = spark.read.format("delta").load(str(path)).where("NOT _dblog_deleted").collect()
-    return {r["id"]: r["v"] for r in rows}
+    if path not in _read or _read[path][0] != version:
+        rows = spark.read.format("delta").load(str(path)).where("NOT _dblog_deleted").collect()
+        _read[path] = (version, {r["id"]: r["v"] for r in rows})
+    return _read[path][1]
 
 
 def _feed_versions(spark: Any, config: Config, table: TableId, key: int) -> list[int]:
