@@ -24,7 +24,8 @@ scripts/services.sh, started on first use if they are down):
 - ``kafka_server``     -> services.KafkaServer: host, port, bootstrap_servers, config(**extra),
                           admin()
 - ``spark``            -> a local[2] SparkSession with Delta and the Kafka source
-                          (airflow_dblog.spark.session.build_spark_session)
+                          (tests/support/spark_session.py; the system tier's runs as its
+                          streams do: tests/system/conftest.py)
 
 Function-scoped isolation:
 
@@ -53,6 +54,7 @@ from typing import Any
 import pytest
 
 from tests.support import services
+from tests.support.spark_session import local_session
 from tests.support.stream_process import Stream
 
 TESTS = Path(__file__).resolve().parent
@@ -158,22 +160,6 @@ def stream_factory() -> Iterator[Callable[[Path], Stream]]:
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from airflow_dblog.spark.session import build_spark_session
-
-    warehouse = tmp_path_factory.mktemp("spark-warehouse")
-    session = build_spark_session(
-        "airflow-dblog-tests",
-        master="local[2]",
-        extra_conf={
-            "spark.ui.enabled": False,
-            "spark.sql.shuffle.partitions": 2,
-            "spark.default.parallelism": 2,
-            "spark.sql.warehouse.dir": str(warehouse),
-            "spark.databricks.delta.snapshotPartitions": 2,
-            "spark.sql.streaming.forceDeleteTempCheckpointLocation": True,
-            "spark.driver.extraJavaOptions": f"-Dderby.system.home={warehouse}",
-        },
-    )
-    session.sparkContext.setLogLevel("WARN")
+    session = local_session(tmp_path_factory.mktemp("spark-warehouse"))
     yield session
     session.stop()
