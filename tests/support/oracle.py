@@ -132,13 +132,18 @@ def delta_holds(spark: Any, path: str, key: Mapping[str, Any]) -> bool:
 
 
 def until_delta_holds(
-    spark: Any, path: str, key: Mapping[str, Any], stream: Stream, live: bool = True
+    spark: Any,
+    path: str,
+    key: Mapping[str, Any],
+    stream: Stream,
+    live: bool = True,
+    timeout_s: float = 300,
 ) -> None:
-    """Until Delta holds ``key`` as a live row (``live``), or no longer does; Delta is asked
-    again only when its version moved."""
+    """Until Delta holds ``key`` (column: value) as a live row (``live``), or no longer does;
+    Delta is asked again only when its version moved."""
     seen: int | None = None
     holds = not live
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + timeout_s
     while holds != live:
         version = delta_version(path)
         if version != seen:

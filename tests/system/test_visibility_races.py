@@ -35,7 +35,7 @@ from airflow_dblog.config import Config, load_config
 from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.sources.mysql.binlog_reader import BinlogReader
-from tests.support.oracle import delta_version
+from tests.support.oracle import delta_version, until_delta_holds
 from tests.support.private_mariadb import private_mariadb
 from tests.support.services import MySQLServer, PostgresServer, read_committed_until
 from tests.support.stream_process import TEST_SPARK_CONF, Stream
@@ -234,20 +234,21 @@ def _delta_path(config: Config, table: TableId) -> Path:
     return Path(config.delta.path) / table.db / table.table
 
 
-_read: dict[Path, tuple[int, dict[int, int]]] = {}  # the last read of each table, by version
-
-
 def _delta_v(spark: Any, config: Config, table: TableId) -> dict[int, int]:
-    """id -> v of the live rows in Delta ({} before the table's first commit); read again only
-    when the table's version moved (polled: the stream shares the cores)."""
+    """id -> v of the live rows in Delta ({} before the table's first commit)."""
     path = _delta_path(config, table)
-    version = delta_version(str(path))
-    if version < 0:
+    if delta_version(str(path)) < 0:
         return {}
-    if path not in _read or _read[path][0] != version:
-        rows = spark.read.format("delta").load(str(path)).where("NOT _dblog_deleted").collect()
-        _read[path] = (version, {r["id"]: r["v"] for r in rows})
-    return _read[path][1]
+    rows = spark.read.format("delta").load(str(path)).where("NOT _dblog_deleted").collect()
+    return {r["id"]: r["v"] for r in rows}
+
+
+def _until_in_delta(
+    spark: Any, config: Config, table: TableId, key: int, stream: Stream, timeout_s: float
+) -> None:
+    """Until Delta's live row ``key`` holds ``v = NEW``."""
+    path = str(_delta_path(config, table))
+    until_delta_holds(spark, path, {"id": key, "v": NEW}, stream, timeout_s=timeout_s)
 
 
 def _feed_versions(spark: Any, config: Config, table: TableId, key: int) -> list[int]:
@@ -334,12 +335,7 @@ def test_postgres_dump_during_a_held_commit_never_puts_the_old_version_back(
         _until(
             "T to wait for the standby", lambda: _pg_wait_event(admin, pid) == "SyncRep", 30, stream
         )
-        _until(
-            "T's change in Delta",
-            lambda: _delta_v(spark, config, table).get(K) == NEW,
-            300,
-            stream,
-        )
+        _until_in_delta(spark, config, table, K, stream, 300)
         assert _read_v(admin, quoted, K) == OLD, "T is already visible: the race did not happen"
 
         dump_id = _request_dump_of_k(config_path, store, config, table)
@@ -355,12 +351,7 @@ def test_postgres_dump_during_a_held_commit_never_puts_the_old_version_back(
 
     with admin.cursor() as cur:
         cur.execute(f"UPDATE {quoted} SET v = v + 1 WHERE id = %s", (SENTINEL,))
-    _until(
-        "the stream to catch up",
-        lambda: _delta_v(spark, config, table).get(SENTINEL) == NEW,
-        120,
-        stream,
-    )
+    _until_in_delta(spark, config, table, SENTINEL, stream, 120)
     admin.close()
     _check_k_never_goes_back(spark, servers, config, table)
     assert stream.stop() == 0
@@ -565,12 +556,7 @@ def test_mariadb_semi_sync_dump_during_a_held_commit_never_puts_the_old_version_
     admin = server.connect()
 
     with _held_mariadb_update(server) as t:
-        _until(
-            "T's change in Delta",
-            lambda: _delta_v(spark, config, MARIADB_TABLE).get(K) == NEW,
-            300,
-            stream,
-        )
+        _until_in_delta(spark, config, MARIADB_TABLE, K, stream, 300)
         assert _read_v(admin, MARIADB_QUOTED, K) == OLD, "T is visible: the race did not happen"
         dump_id = _request_dump_of_k(config_path, store, config, MARIADB_TABLE)
         _until_dump_ends(store, dump_id, stream)
@@ -581,12 +567,7 @@ def test_mariadb_semi_sync_dump_during_a_held_commit_never_puts_the_old_version_
 
     with admin.cursor() as cur:
         cur.execute(f"UPDATE {MARIADB_QUOTED} SET v = v + 1 WHERE id = %s", (SENTINEL,))
-    _until(
-        "the stream to catch up",
-        lambda: _delta_v(spark, config, MARIADB_TABLE).get(SENTINEL) == NEW,
-        120,
-        stream,
-    )
+    _until_in_delta(spark, config, MARIADB_TABLE, SENTINEL, stream, 120)
     admin.close()
     _check_k_never_goes_back(spark, servers, config, MARIADB_TABLE)
     assert stream.stop() == 0
