@@ -5,7 +5,8 @@ either before the stream ever ran (a fresh config: ``dblog dump --all``, then ``
 once it is capturing; the stream is killed with SIGKILL at the case's kill points and started
 again. Once the dump is done the writers stop, the stream catches up, and tests/support/oracle.py
 checks the Delta change data feed and Kafka read_committed per key (the version never goes back)
-and that both equal the source. ``gtid`` is not here: the library refuses it on MariaDB.
+and that both equal the source; the stream's status then says it caught up. ``gtid`` is not
+here: the library refuses it on MariaDB.
 
 Kill points:
 
@@ -34,6 +35,7 @@ import pytest
 
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import Config, load_config
+from airflow_dblog.engine.lag import stream_status
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.metadata.database import utcnow
 from tests.support.oracle import check_outputs, delta_path, delta_version
@@ -185,12 +187,16 @@ def test_no_key_ever_goes_back_in_delta_or_kafka(
         until("the dump", lambda: run.store.progress(dump_id).state == "done", 600, run.stream)
     print(f"writers: {dict(counts)}; kills: {hits}")
     check_outputs(spark, config, [db], run.stream, VERSIONED_COLUMNS, version="ver")
+    lag = stream_status(config, run.store)  # caught up: the heartbeats carried the position along
+    assert lag.state == "running" and lag.lag_bytes is not None, lag
+    assert lag.lag_s is not None and lag.lag_s < 30, lag
     assert run.stream.stop() == 0
     assert counts["insert"] and counts["update"] and counts["delete"]
     # a chunk is selected again only when a kill cut it off: at most once per kill
     attempts = max(c.attempts for c in run.store.chunks(dump_id))
     assert attempts <= 1 + len(case.kills), f"a chunk ran {attempts} times"
     progress = run.store.progress(dump_id)
+    assert progress.rows_emitted > 0
     print(
         f"{case}: {time.monotonic() - started:.0f} s, dump {progress.rows_emitted} rows emitted,"
         f" {progress.rows_dropped} dropped"
