@@ -20,7 +20,8 @@ import pytest
 
 from tests.support.services import cluster_missing, ensure_cluster, s3_storage_options
 
-pytestmark = pytest.mark.integration
+# one application on the cluster at a time (one xdist worker runs the cluster tests)
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("cluster")]
 
 if MISSING := cluster_missing():
     pytest.skip(
