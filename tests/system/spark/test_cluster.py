@@ -20,8 +20,7 @@ import pytest
 
 from tests.support.services import cluster_missing, ensure_cluster, s3_storage_options
 
-# one application on the cluster at a time (one xdist worker runs the cluster tests)
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("cluster")]
+pytestmark = pytest.mark.integration
 
 if MISSING := cluster_missing():
     pytest.skip(

@@ -44,8 +44,7 @@ from tests.support.services import (
 from tests.support.stream_process import Stream, until, write_config
 from tests.support.workload import Db, db_for, insert_rows, key_of, load, source_rows, writers
 
-# one application on the cluster at a time (one xdist worker runs the cluster tests)
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("cluster")]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 if MISSING := cluster_missing():
     pytest.skip(
