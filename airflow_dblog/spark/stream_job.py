@@ -62,6 +62,8 @@ log = logging.getLogger(__name__)
 # How often Spark asks the spool for a batch; the source takes one only when it is due
 # (changelog_source.batch_due: old enough, big enough, or completing a dump chunk)
 DELTA_TRIGGER = "1 second"
+QUERY_STARTS = 3  # Delta's query is started again twice after a Python worker's slow start
+_SLOW_PYTHON_WORKER = "Python worker failed to connect back"
 FORWARDED_IN_MEMORY = 50_000  # events of the newest segments (~30 MB); older ones: from disk
 _DEFAULT_MASTER = object()
 
@@ -244,13 +246,11 @@ def run_stream(
         for thread in threads:
             thread.start()
         cleanup.callback(_stop_threads, threads)
-        query = committer = None
+        query: DeltaQuery | None = None
         if config.delta is not None:
-            query, committer = _start_delta_query(
-                config, master, schemas, spool, barrier, store, cleanup
-            )
+            query = _start_delta_query(config, master, schemas, spool, barrier, store, cleanup)
             assert runner is not None
-            chunks = SparkChunkRunner(committer.spark, spool.chunks)
+            chunks = SparkChunkRunner(query.committer.spark, spool.chunks)
             chunks.warm_up(config.source.type, capture.executor.url)  # looked up once
             runner.runner = chunks
         log.info("stream %s running: %s -> %s", config.name, config.source.type, names)
@@ -262,9 +262,9 @@ def run_stream(
                     raise thread.error
                 if not thread.is_alive():
                     raise DblogError(f"the {thread.name} thread stopped", "see the log for why")
-            if query is None or committer is None:
+            if query is None:
                 stop.wait(1.0)
-            elif _terminated(query, committer, 1.0):
+            elif query.terminated(1.0):
                 break
     return 0
 
@@ -277,7 +277,7 @@ def _start_delta_query(
     barrier: SinkBarrier,
     store: MetadataStore,
     cleanup: contextlib.ExitStack,
-) -> tuple[Any, BatchCommitter]:
+) -> DeltaQuery:
     """Delta's Structured Streaming query over the spool (checkpoint: ``spark/delta``)."""
     from airflow_dblog.spark.changelog_source import NAME, ChangelogSource
 
@@ -301,7 +301,7 @@ def _start_delta_query(
     committer = BatchCommitter(delta, barrier, store, spool, lake=delta)
     committer.spark = spark
     endpoint = {k: v for k, v in config.spark.conf.items() if k == S3_ENDPOINT}  # no secrets
-    query = (
+    writer = (
         spark.readStream.format(NAME)
         .option("path", spool.location)
         .option("conf", json.dumps(endpoint))
@@ -311,10 +311,10 @@ def _start_delta_query(
         .foreachBatch(committer)
         .option("checkpointLocation", join(config.checkpoint, "spark", "delta"))
         .trigger(processingTime=DELTA_TRIGGER)
-        .start()
     )
+    query = DeltaQuery(writer.start, committer)
     cleanup.callback(query.stop)
-    return query, committer
+    return query
 
 
 def _stop_threads(threads: Sequence[Worker]) -> None:
@@ -324,19 +324,50 @@ def _stop_threads(threads: Sequence[Worker]) -> None:
         thread.join(timeout=30)
 
 
-def _terminated(query: Any, committer: BatchCommitter, wait_s: float) -> bool:
-    """Whether the query ended; its failure as one line (Spark's message spans pages)."""
-    from pyspark.errors import StreamingQueryException
+class DeltaQuery:
+    """Delta's Structured Streaming query, started again when Spark gave up on its Python worker.
 
-    try:
-        return bool(query.awaitTermination(wait_s))
-    except StreamingQueryException as err:
-        if committer.failure is not None:
-            raise committer.failure from None
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DblogError(
-            f"the Spark query failed: {first}", "see the job log for the cause"
-        ) from None
+    Spark waits a fixed few seconds for the Python process behind the ``dblog_changelog``
+    source to connect back; on a driver host busy enough (a JVM compiling beside other jobs) it
+    gives up and the query fails before it has read anything. That is the host's moment, not
+    the stream's fault: the query starts again from its checkpoint (what a restart of the whole
+    job would do, without dropping the capture and Kafka's progress), a few times at most.
+    """
+
+    def __init__(
+        self, start: Callable[[], Any], committer: BatchCommitter, starts: int = QUERY_STARTS
+    ) -> None:
+        self.start, self.committer, self.starts = start, committer, starts
+        self.query = start()
+        self.started = 1
+
+    def terminated(self, wait_s: float) -> bool:
+        """Whether the query ended; its failure as one line (Spark's message spans pages)."""
+        from pyspark.errors import StreamingQueryException
+
+        try:
+            return bool(self.query.awaitTermination(wait_s))
+        except StreamingQueryException as err:
+            if self.committer.failure is not None:
+                raise self.committer.failure from None
+            text = str(err).strip()
+            if _SLOW_PYTHON_WORKER in text and self.started < self.starts:
+                self.started += 1
+                log.warning(
+                    "Spark's Python worker for the spool did not connect back in time (a busy"
+                    " host); starting Delta's query again (start %d of %d)",
+                    self.started,
+                    self.starts,
+                )
+                self.query = self.start()
+                return False
+            first = text.splitlines()[0] if text else type(err).__name__
+            raise DblogError(
+                f"the Spark query failed: {first}", "see the job log for the cause"
+            ) from None
+
+    def stop(self) -> None:
+        self.query.stop()
 
 
 def _stop_on_signals(stop: threading.Event) -> None:

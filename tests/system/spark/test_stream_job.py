@@ -27,7 +27,7 @@ from airflow_dblog.config import Config, load_config
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.errors import MetadataError
 from airflow_dblog.sinks.delta_sink import SEGMENT_BITS
-from airflow_dblog.spark.stream_job import BatchCommitter, _terminated
+from airflow_dblog.spark.stream_job import BatchCommitter, DeltaQuery
 from tests.support.oracle import check_outputs, delta_path, delta_rows
 from tests.support.services import restart_local_service
 from tests.support.stream_process import Stream, until, write_config
@@ -137,17 +137,12 @@ def test_a_failed_delta_batch_is_reported_as_its_own_one_line_error(spark: Any) 
     """Spark wraps a foreachBatch exception in pages of py4j traceback; the job reports the
     cause (e.g. the metadata database) in one line, whichever of its threads saw it first."""
     committer = BatchCommitter(sink=None, barrier=None, store=_GoneStore(), spool=None)  # type: ignore[arg-type]
-    query = (
-        spark.readStream.format("rate")
-        .option("rowsPerSecond", 1)
-        .load()
-        .writeStream.foreachBatch(committer)
-        .start()
-    )
+    writer = spark.readStream.format("rate").option("rowsPerSecond", 1).load().writeStream
+    query = DeltaQuery(writer.foreachBatch(committer).start, committer)
     try:
         with pytest.raises(MetadataError, match=r"^the metadata database x failed"):
             deadline = time.monotonic() + 120
-            while not _terminated(query, committer, 1.0):
+            while not query.terminated(1.0):
                 assert time.monotonic() < deadline, "the query did not fail"
     finally:
         query.stop()
