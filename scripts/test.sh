@@ -117,11 +117,13 @@ export VIRTUAL_ENV=$VENV
 # Every tier (CI) with no test named: on two cores, parts that share no server run side by side
 # (each one's report printed whole when it ends): the unit tier (no server) while the services
 # start; the integration tests that touch no database (the Delta and Kafka sinks, the Spark
-# session) beside those that do; then the system tier alone.
-split=$([ -z "$tier" ] && [ "${DBLOG_SETUP_ONLY:-0}" != 1 ] && echo 1 || echo 0)
+# session) beside those that do; then the system tier, two tests at a time (pytest-xdist), and
+# its tests marked `alone` one at a time (also with --system).
+named=0
 for arg in "$@"; do
-    case "$arg" in -*) ;; *) split=0 ;; esac # a test path or an option's value: run as asked
+    case "$arg" in -*) ;; *) named=1 ;; esac # a test path or an option's value: run as asked
 done
+split=$([ -z "$tier" ] && [ "${DBLOG_SETUP_ONLY:-0}" != 1 ] && [ "$named" = 0 ] && echo 1 || echo 0)
 BESIDE=(tests/integration/sinks tests/integration/spark/test_session.py
     tests/integration/spark/test_class_archive.py)
 pytest_rc=0
@@ -167,11 +169,17 @@ run() { # PYTEST_ARGS...: in the foreground
     pytest "$@" || rc=$?
     [ "$pytest_rc" != 0 ] || pytest_rc=$rc
 }
+system_tier() { # two system tests at a time, then those marked alone one by one
+    run tests/system -m "not alone" -n 2 --dist worksteal "$@"
+    run tests/system -m alone "$@"
+}
 if [ "$split" = 1 ]; then
     beside "beside the database tests" "${BESIDE[@]}" "$@"
     run tests/integration "${BESIDE[@]/#/--ignore=}" "$@"
     collect
-    run tests/system "$@"
+    system_tier "$@"
+elif [ "$tier" = system ] && [ "$named" = 0 ]; then
+    system_tier "$@"
 else
     run ${tier_paths[@]+"${tier_paths[@]}"} "$@"
 fi

@@ -20,7 +20,8 @@ import pytest
 
 from tests.support.services import cluster_missing, ensure_cluster, s3_storage_options
 
-pytestmark = pytest.mark.integration
+# the cluster's driver and executors take the machine: one test at a time
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 if MISSING := cluster_missing():
     pytest.skip(

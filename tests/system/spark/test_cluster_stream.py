@@ -44,7 +44,8 @@ from tests.support.services import (
 from tests.support.stream_process import Stream, until, write_config
 from tests.support.workload import Db, db_for, insert_rows, key_of, load, source_rows, writers
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# the cluster's driver and executors take the machine: one test at a time
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.alone]
 
 if MISSING := cluster_missing():
     pytest.skip(

@@ -77,6 +77,7 @@ def _until_done_restarting_once(
     return exits
 
 
+@pytest.mark.alone  # restarts the Kafka broker or PostgreSQL every test uses
 @pytest.mark.parametrize("fault", ["kafka", "metadata"])
 def test_a_kafka_or_metadata_database_outage_mid_dump_loses_nothing(
     request: pytest.FixtureRequest,
@@ -153,6 +154,7 @@ def _check_outputs(spark: Any, config: Config, db: Db, stream: Stream) -> None:
     check_outputs(spark, config, [db], stream, ("a", "b", "v", "note"))
 
 
+@pytest.mark.alone  # times how soon a pause reaches the stream
 def test_live_controls_and_signals_reach_the_running_stream(
     request: pytest.FixtureRequest,
     tmp_path: Path,
@@ -215,6 +217,7 @@ def test_live_controls_and_signals_reach_the_running_stream(
     assert stream.stop() == 0
 
 
+@pytest.mark.alone  # ZooKeeper sessions of seconds: a busy machine's stall is a failover
 def test_standbys_take_over_a_dead_or_frozen_leader_and_the_old_one_writes_nothing(
     request: pytest.FixtureRequest,
     tmp_path: Path,
@@ -400,6 +403,7 @@ def _freeze_during_merge(leader: Stream, table: Path, app_id: str, token: int) -
     return batch, version if in_flight else -1
 
 
+@pytest.mark.alone  # ZooKeeper sessions of seconds: a busy machine's stall is a failover
 def test_a_leader_frozen_during_its_delta_commit_is_fenced_and_commits_nothing(
     request: pytest.FixtureRequest,
     tmp_path: Path,
