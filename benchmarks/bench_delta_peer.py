@@ -534,8 +534,11 @@ spark: {{master: "local[2]", conf: {conf}}}
         meter = TreeMeter([proc.pid])
         meter.start()
         try:
-            ready = wait_until(
-                "dblog: running", lambda: b" running: " in log.read_bytes(), procs, self.timeout
+            ready = wait_until(  # its chunk jobs' warm-up is the stream's start, not a dump's
+                "dblog: running",
+                lambda: b" running: " in (text := log.read_bytes()) and b" warmed up" in text,
+                procs,
+                self.timeout,
             )
             if not ready:
                 raise RuntimeError(f"dblog: not running after {self.timeout:.0f} s; see {log}")

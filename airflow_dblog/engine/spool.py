@@ -20,7 +20,7 @@ import errno
 import json
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -281,6 +281,55 @@ def _bounds(
                 for value in bounds or [None]:  # None: this table's keys have no usable order
                     spans[table] = span(spans.get(table, []), value)
     return {table: (b[0], b[1]) for table, b in spans.items() if b}
+
+
+class DumpSpan(NamedTuple):
+    """One dump's range chunks, alone in a batch's rows of their table: their ids and the range
+    of the first key column they cover (None: open at that end)."""
+
+    chunk_ids: frozenset[int]
+    low: Any
+    high: Any
+
+
+def sole_dump_spans(refs: Sequence[ChunkRef], logged: Collection[str]) -> dict[str, DumpSpan]:
+    """Tables whose rows in a batch are range chunks of one dump and nothing else: no log
+    event, no key-list or verify chunk. One dump's chunks cover disjoint ranges (each is cut
+    from where the last ended), so where the sink held no row in a table's span before the
+    batch, the chunks' rows are all it holds there after it. Left out where a bound of the
+    first key column is not an int or a string (see :func:`span`)."""
+    by_table: dict[str, list[ChunkRef]] = {}
+    for ref in refs:
+        by_table.setdefault(ref.table, []).append(ref)
+    return {
+        table: found
+        for table, mine in by_table.items()
+        if table not in logged
+        and len({r.dump_id for r in mine}) == 1
+        and (found := _covered(mine)) is not None
+    }
+
+
+def _covered(chunks: Sequence[ChunkRef]) -> DumpSpan | None:
+    """The span of range chunks (None if one is not a range chunk, or a bound has no order
+    Python and Spark share)."""
+    lows: list[Any] = []
+    highs: list[Any] = []
+    for r in chunks:
+        if r.covers is None or r.verify or r.deleted:
+            return None
+        lower, upper = r.covers
+        lows.append(lower[0] if lower else None)
+        highs.append(None if r.beyond or not upper else upper[0])
+    bounds: list[Any] | None = []
+    for value in lows + highs:
+        if value is not None:
+            bounds = span(bounds, value)
+    if bounds is None:
+        return None
+    low = None if None in lows or not bounds else bounds[0]
+    high = None if None in highs or not bounds else bounds[1]
+    return DumpSpan(frozenset(r.chunk_id for r in chunks), low, high)
 
 
 def logged_tables(footers: Sequence[dict[str, Any]]) -> set[str]:

@@ -34,6 +34,7 @@ from airflow_dblog.engine.chunk_file import POSITION_DIGITS, ChunkFiles, ChunkRe
 from airflow_dblog.engine.chunk_file import SPARK_DDL as CHUNK_DDL
 from airflow_dblog.engine.dump_keys import SPARK_DDL as DUMP_KEYS_DDL
 from airflow_dblog.engine.event_text import encode_json
+from airflow_dblog.engine.spool import DumpSpan
 from airflow_dblog.errors import DblogError, FencedError
 from airflow_dblog.sinks.base import Comparison, ExtraKeys
 from airflow_dblog.sources.base import Column, TableSchema
@@ -135,11 +136,12 @@ def usable_bounds(schema: TableSchema, bounds: tuple[Any, Any] | None) -> tuple[
     if bounds is None:
         return None
     target = key_types(schema)[0]
-    if all(type(b) is int for b in bounds) and isinstance(target, T.NumericType):
+    given = [b for b in bounds if b is not None]  # None: open at that end
+    if all(type(b) is int for b in given) and isinstance(target, T.NumericType):
         return bounds
-    if all(type(b) is str for b in bounds) and isinstance(target, T.StringType):
+    if all(type(b) is str for b in given) and isinstance(target, T.StringType):
         return bounds
-    return None
+    return bounds if not given else None
 
 
 def _key_value(target: DataType, text: str) -> Any:
@@ -284,13 +286,15 @@ class FrameBatch:
     """A batch as Delta's query has it: the spool's events (``segment.EVENT_COLUMNS`` and each
     event's segment in ``seq``), the ``db.table`` names with events, the range of the first key
     column of each table's dumped rows, the tables with log events, and the range of the first
-    key column of all the rows of each table with log events (``spool.row_bounds``)."""
+    key column of all the rows of each table with log events (``spool.row_bounds``), and the
+    tables whose rows are one dump's range chunks alone (``spool.sole_dump_spans``)."""
 
     events: DataFrame
     tables: Collection[str]
     dump_bounds: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
     logged: Collection[str] = ()
     row_bounds: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
+    sole_dumps: Mapping[str, DumpSpan] = field(default_factory=dict)
 
 
 class DeltaSink:
@@ -311,6 +315,9 @@ class DeltaSink:
         self._first_purge_at = time.monotonic() + _PURGE_FIRST_S
         self._purge_due: dict[TableId, float] = {}  # after a table's first purge
         self._holding: set[TableId] = set()  # tables known to hold rows: no emptiness check
+        self._created: set[TableId] = set()  # tables this process created: empty until written
+        # chunks appended alone into a span Delta held no row of: no key there can be extra
+        self._unheld_chunks: set[int] = set()
 
     def table_path(self, table: TableId) -> str:
         return table_path(self.config, table)
@@ -364,7 +371,9 @@ class DeltaSink:
         that can match): one commit, one pass over the table. Dumped rows into a range Delta
         holds none of are appended first, under the dump's own transaction app id, then the log
         rows merged: a crash between the two replays only the second, whose position guard
-        keeps the newest row of each key either way.
+        keeps the newest row of each key either way. One dump's range chunks alone, into the
+        span they cover where Delta held no row, are appended and remembered: after the append
+        Delta holds their rows alone there, so :meth:`extra_keys` has nothing to look for.
         """
         version = self.txn_version(segment)
         events = batch.events
@@ -376,7 +385,16 @@ class DeltaSink:
             dump = usable_bounds(schema, batch.dump_bounds.get(name))
             both = usable_bounds(schema, batch.row_bounds.get(name))
             target = self._table(table)  # one lookup of the table's log per MERGE
-            if name not in batch.logged:
+            sole = batch.sole_dumps.get(name)
+            covered = None if sole is None else usable_bounds(schema, (sole.low, sole.high))
+            if sole is not None and covered is not None:
+                # a one-column key's lower bound is the last chunk's upper: not in the span
+                if self._holds_in(table, target, covered, len(schema.key) == 1):
+                    self._merge(self._dump_app_id, version, table, rows, dump, target)
+                else:
+                    self._merge(self._dump_app_id, version, table, rows, dump, target, append=True)
+                    self._unheld_chunks.update(sole.chunk_ids)
+            elif name not in batch.logged:
                 self._merge(self._dump_app_id, version, table, rows, dump, target, probe=True)
             elif dump is None or self._holds_in(table, target, dump):
                 self._merge(self.app_id, version, table, rows, both, target)
@@ -462,8 +480,7 @@ class DeltaSink:
             return
         on = _same_key(schema)
         if bounds is not None:
-            first = quoted(schema.key[0])
-            on = on & F.col(f"t.{first}").between(*self._typed_bounds(schema, bounds))
+            on = on & self._first_key_in(schema, bounds, "t.")
         keep_unavailable = {
             c.name: F.when(
                 F.array_contains(F.col("s._unavailable"), c.name), F.col(f"t.{quoted(c.name)}")
@@ -506,28 +523,37 @@ class DeltaSink:
             conf.unset(_TXN_APP)
             conf.unset(_TXN_VERSION)
 
-    def _holds_in(self, table: TableId, target: Any, bounds: tuple[Any, Any] | None) -> bool:
+    def _holds_in(
+        self, table: TableId, target: Any, bounds: tuple[Any, Any] | None, above: bool = False
+    ) -> bool:
         """Whether Delta (``target``) holds a row of ``table`` (with its first key column in
-        ``bounds``)."""
-        from pyspark.sql import functions as F
-
+        ``bounds``; ``above``: above the lower bound, not at it)."""
         if table not in self._holding:
-            if not target.detail().first()["numFiles"]:
+            if table in self._created or not target.detail().first()["numFiles"]:
                 return False
             self._holding.add(table)
         if bounds is None:
             return True
-        schema = self.schemas[table]
-        first = F.col(quoted(schema.key[0]))
-        return bool(
-            target.toDF().where(first.between(*self._typed_bounds(schema, bounds))).limit(1).count()
-        )
+        inside = self._first_key_in(self.schemas[table], bounds, above=above)
+        return bool(target.toDF().where(inside).limit(1).count())
 
     @staticmethod
-    def _typed_bounds(schema: TableSchema, bounds: tuple[Any, Any]) -> list[SparkColumn]:
+    def _first_key_in(
+        schema: TableSchema, bounds: tuple[Any, Any], alias: str = "", above: bool = False
+    ) -> SparkColumn:
+        """The first key column within ``bounds`` (None: open at that end; ``above``: the
+        lower one excluded)."""
         from pyspark.sql import functions as F
 
-        return [_typed(key_types(schema)[0], F.lit(str(b))) for b in bounds]
+        first, target = F.col(alias + quoted(schema.key[0])), key_types(schema)[0]
+        inside = F.lit(True)
+        low, high = bounds
+        if low is not None:
+            typed = _typed(target, F.lit(str(low)))
+            inside = inside & (first > typed if above else first >= typed)
+        if high is not None:
+            inside = inside & (first <= _typed(target, F.lit(str(high))))
+        return inside
 
     @staticmethod
     def _changes_the_row(schema: TableSchema) -> SparkColumn:
@@ -609,6 +635,7 @@ class DeltaSink:
             T.StructField("_dblog_ts", T.TimestampType(), True),
         ]
         log.info("creating Delta table %s at %s", table, path)
+        self._created.add(table)
         return (
             DeltaTable.createIfNotExists(self.spark)
             .location(path)
@@ -649,7 +676,9 @@ class DeltaSink:
         types: dict[str, list[DataType]] = {}
         by_table: dict[str, list[ChunkRef]] = {}
         for ref in refs:
-            if ref.checks_extras:
+            if ref.chunk_id in self._unheld_chunks:
+                self._unheld_chunks.discard(ref.chunk_id)
+            elif ref.checks_extras:
                 by_table.setdefault(ref.table, []).append(ref)
         for name, checks in sorted(by_table.items()):
             table = TableId.parse(name)

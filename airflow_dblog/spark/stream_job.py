@@ -42,7 +42,13 @@ from airflow_dblog.engine.segment import EVENT_COLUMNS, Footer
 from airflow_dblog.engine.segment import SPARK_DDL as SEGMENT_DDL
 from airflow_dblog.engine.signals import SignalChannel
 from airflow_dblog.engine.sink_barrier import SinkBarrier
-from airflow_dblog.engine.spool import Spool, dump_bounds, logged_tables, row_bounds
+from airflow_dblog.engine.spool import (
+    Spool,
+    dump_bounds,
+    logged_tables,
+    row_bounds,
+    sole_dump_spans,
+)
 from airflow_dblog.engine.spool_store import S3_ENDPOINT, join
 from airflow_dblog.errors import DblogError
 from airflow_dblog.sinks.base import ReadBack, Sink
@@ -135,8 +141,14 @@ class BatchCommitter:
                 last,
                 count,
             )
+            logged = logged_tables(footers)
             batch = FrameBatch(
-                events, tables, dump_bounds(footers), logged_tables(footers), row_bounds(footers)
+                events,
+                tables,
+                dump_bounds(footers),
+                logged,
+                row_bounds(footers),
+                sole_dump_spans(closed_refs, logged),
             )
             self.sink.write(last, batch)
         written = time.monotonic()

@@ -19,6 +19,7 @@ from airflow_dblog.core.position import Position
 from airflow_dblog.engine import segment
 from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef, encode_rows
 from airflow_dblog.engine.event_text import EventText
+from airflow_dblog.engine.spool import DumpSpan
 from airflow_dblog.errors import DblogError, FencedError
 from airflow_dblog.sinks.delta_sink import (
     DeltaSink,
@@ -504,6 +505,62 @@ def test_the_keys_delta_holds_that_range_chunks_lacked_are_exactly_the_stale_liv
         }
     }
     assert sink.extra_keys([key_list, old], files) == {}
+
+
+IDS = TableId("shop", "ids")
+IDS_SCHEMA = TableSchema(IDS, (Column("id", "bigint", False), Column("v", "text", True)), ("id",))
+
+
+def test_one_dumps_chunks_into_a_span_delta_held_none_of_are_not_sought_extra_keys(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appended alone where Delta held no row of the span they cover (a one-column key's lower
+    bound excluded: the chunk before holds it), a dump's chunks are all Delta holds there, so
+    no key is looked for; once Delta held a key in the span, the chunk is checked and the key
+    the source lost is found."""
+    from delta.tables import DeltaTable
+
+    sink = DeltaSink(spark, DeltaSinkConfig(str(tmp_path / "delta")), {IDS: IDS_SCHEMA}, "t")
+    files = ChunkFiles(str(tmp_path / "chunks"))
+    looked: list[int] = []
+    extras = sink._extras
+
+    def spied(name: str, schema: Any, types: Any, checks: Any, chunk_files: Any) -> Any:
+        looked.extend(r.chunk_id for r in checks)
+        return extras(name, schema, types, checks, chunk_files)
+
+    monkeypatch.setattr(sink, "_extras", spied)
+
+    def event(op: str, key: int, offset: int) -> ChangeEvent:
+        row = {"id": key, "v": f"v{offset}"}
+        return ChangeEvent(IDS, op, (key,), Position.mysql(1, offset), after=row)  # type: ignore[arg-type]
+
+    def dump(batch: int, chunk_id: int, keys: list[int], covers: list[Any], low: int) -> Any:
+        """The chunk's rows in their own batch, as the stream's committer hands them over."""
+        folder = files.new_folder(chunk_id)
+        files.write(folder, encode_rows(chunk_id, [((k,), {"id": k, "v": "d"}) for k in keys])[0])
+        at = str(Position.mysql(1, low))
+        ref = ChunkRef(
+            str(IDS), chunk_id, 1, folder, at, 0, len(keys), (), 1, low=at, covers=covers
+        )
+        name = str(IDS)
+        lower, upper = covers
+        sole = {name: DumpSpan(frozenset({chunk_id}), lower and lower[0], upper[0])}
+        frame = _frame(spark, [event("r", k, low + 1) for k in keys])
+        sink.write(batch, FrameBatch(frame, {name}, {name: (keys[0], keys[-1])}, (), {}, sole))
+        return sink.extra_keys([ref], files)
+
+    def operation() -> str:
+        history = DeltaTable.forPath(spark, sink.table_path(IDS)).history(1)
+        return str(history.collect()[0]["operation"])
+
+    assert dump(1, 11, [1, 2, 3], [None, [3]], 10) == {}
+    assert dump(2, 12, [4, 6], [[3], [6]], 20) == {}
+    assert (operation(), looked) == ("WRITE", [])
+    logged = FrameBatch(_frame(spark, [event("c", 8, 30)]), {str(IDS)}, logged={str(IDS)})
+    sink.write(3, logged)  # key 8 arrives by the log, then the source loses it unlogged
+    assert dump(4, 13, [7, 9], [[6], [10]], 40) == {str(IDS): {13: [[8]]}}
+    assert (operation(), looked) == ("MERGE", [13])
 
 
 def test_a_key_spark_and_the_source_may_order_differently_is_not_checked(spark: Any) -> None:

@@ -26,6 +26,7 @@ from airflow_dblog.engine.spool import (
     dump_bounds,
     logged_tables,
     row_bounds,
+    sole_dump_spans,
 )
 from airflow_dblog.errors import DblogError
 
@@ -220,6 +221,32 @@ def test_a_batchs_merge_bounds_span_each_logged_tables_log_and_dumped_keys(
     assert row_bounds([first, spool.footer(3)]) == {}  # a dumped key Spark orders otherwise
     older = {k: v for k, v in first.items() if k != "log_keys"}  # a footer from before
     assert row_bounds([older]) == {} and dump_bounds([older]) == {"db.u": ("b", "b")}
+
+
+def _range(chunk_id: int, covers: list[Any] | None, **fields: Any) -> ChunkRef:
+    """A closed chunk of dump 1 covering ``covers`` ([lower key or None, upper key])."""
+    fields = {"dump_id": 1, "low": "p", **fields}
+    return ChunkRef(
+        "db.t", chunk_id, folder="", position=str(BASE), first=0, selected=0, drops=(),
+        ts_ms=1, covers=covers, **fields,
+    )  # fmt: skip
+
+
+def test_a_batch_of_one_dumps_range_chunks_alone_spans_the_keys_they_cover() -> None:
+    first, middle = _range(1, [None, [9]]), _range(2, [[9], [20]])
+    last = _range(3, [[20], [30]], beyond="q")  # keys above its bound count too
+    assert sole_dump_spans([first, middle], set()) == {"db.t": ({1, 2}, None, 20)}
+    assert sole_dump_spans([middle, last], set()) == {"db.t": ({2, 3}, 9, None)}
+    assert sole_dump_spans([_range(4, [["a"], ["k"]])], set()) == {"db.t": ({4}, "a", "k")}
+
+
+def test_a_batch_mixing_log_events_dumps_key_lists_or_verify_chunks_spans_nothing() -> None:
+    middle = _range(2, [[9], [20]])
+    assert sole_dump_spans([middle], {"db.t"}) == {}  # log events of the table too
+    assert sole_dump_spans([middle, _range(5, [[20], [30]], dump_id=2)], set()) == {}
+    assert sole_dump_spans([middle, _range(6, None)], set()) == {}  # a key-list chunk
+    assert sole_dump_spans([_range(7, [[9], [20]], verify="rows")], set()) == {}
+    assert sole_dump_spans([_range(8, [["a"], [3]])], set()) == {}  # no order to trust
 
 
 def test_a_chunk_reference_stands_where_its_rows_belong_and_the_footer_counts_them(
