@@ -857,13 +857,9 @@ class DeltaSink:
         spans = [r.key_span for r in refs]
         target = lake
         if all(spans):  # the rows' first key column spans these: Delta skips other files
-            first = quoted(schema.key[0])
             low = min(s[0] for s in spans if s)
             high = max(s[1] for s in spans if s)
-            key_type = key_types(schema)[0]
-            target = lake.where(
-                F.col(first).between(*(_typed(key_type, F.lit(str(b))) for b in (low, high)))
-            )
+            target = lake.where(self._first_key_in(schema, (low, high)))
         joined = source.join(target.alias("t"), _same_key(schema), "left")
         held, deleted = F.col("t._dblog_position"), F.col("t._dblog_deleted")
         older = held < F.col("s._dblog_position")  # newer: the log changed it after the window
