@@ -153,6 +153,10 @@ def build_spark_session(
         # the driver's own listing of named files takes a HEAD each.
         "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
         "spark.ui.showConsoleProgress": "false",
+        # A stream's batches run more distinct generated classes (its MERGEs, Delta's log
+        # replay, the change feed, chunk jobs) than Spark's cache of 100 keeps: past it each
+        # batch compiles them again, and the JIT compiles the new classes again
+        "spark.sql.codegen.cache.maxEntries": "1000",
         # local mode: the driver is the executor too; Spark's 1g is tight for a dump's batches
         "spark.driver.memory": "2g",
     }

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,3 +49,19 @@ def test_a_wheel_install_without_scripts_downloads_the_jars_and_writes_delta(
     jars = tmp_path / "cache" / f"spark-jars-{SPARK_VERSION}"
     assert len(list(jars.glob("*.jar"))) == len(CONNECTOR_JARS)
     assert (jars / ".complete").is_file()
+
+
+@pytest.mark.integration
+def test_a_session_keeps_more_generated_classes_than_sparks_default_hundred(spark: Any) -> None:
+    """A stream's batches cycle through more generated classes than Spark's cache of 100 keeps;
+    past it every batch compiled them again. After 150 distinct plans the first one runs again
+    without a compile."""
+    from pyspark.sql import functions as F
+
+    compiles = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME
+    plans = [spark.range(0, 8).where(F.col("id") > F.lit(1_000 + i)) for i in range(150)]
+    for plan in plans:
+        plan.collect()
+    before = compiles().getCount()
+    plans[0].collect()
+    assert compiles().getCount() == before
