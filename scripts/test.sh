@@ -5,8 +5,8 @@
 #   scripts/test.sh [--unit | --integration | --system] [PYTEST_ARGS...]
 #
 #   (no tier)      every test (CI), e.g. scripts/test.sh -x
-#   --unit         tests/unit only: no server, no JVM. Steps 1 and 3 are skipped (no apt-get, no
-#                  services); the .venv, the linters and the tests run as below.
+#   --unit         tests/unit only: no server, no JVM, two at a time. Steps 1 and 3 are skipped
+#                  (no apt-get, no services); the .venv, the linters and the tests run as below.
 #   --integration  tests/integration only: one real server at a time.
 #   --system       tests/system only: the whole job (stream processes, the Spark cluster, Airflow).
 #
@@ -180,6 +180,8 @@ if [ "$split" = 1 ]; then
     system_tier "$@"
 elif [ "$tier" = system ] && [ "$named" = 0 ]; then
     system_tier "$@"
+elif [ "$tier" = unit ] && [ "$named" = 0 ]; then
+    run tests/unit -n 2 "$@" # no server, no JVM: both cores
 else
     run ${tier_paths[@]+"${tier_paths[@]}"} "$@"
 fi
