@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import signal
 import threading
 import time
@@ -70,6 +71,7 @@ log = logging.getLogger(__name__)
 DELTA_TRIGGER = "1 second"
 QUERY_STARTS = 3  # Delta's query is started again twice after a Python worker's slow start
 _SLOW_PYTHON_WORKER = "Python worker failed to connect back"
+_BATCH_FILE = re.compile(r"\d+")  # offsets/<batch id>; Spark's temporary files start with a dot
 FORWARDED_IN_MEMORY = 50_000  # events of the newest segments (~30 MB); older ones: from disk
 _DEFAULT_MASTER = object()
 
@@ -313,6 +315,7 @@ def _start_delta_query(
     committer = BatchCommitter(delta, barrier, store, spool, lake=delta)
     committer.spark = spark
     endpoint = {k: v for k, v in config.spark.conf.items() if k == S3_ENDPOINT}  # no secrets
+    checkpoint = join(config.checkpoint, "spark", "delta")
     writer = (
         spark.readStream.format(NAME)
         .option("path", spool.location)
@@ -321,12 +324,40 @@ def _start_delta_query(
         .load()
         .writeStream.queryName(f"dblog-{config.name}-delta")
         .foreachBatch(committer)
-        .option("checkpointLocation", join(config.checkpoint, "spark", "delta"))
+        .option("checkpointLocation", checkpoint)
         .trigger(processingTime=DELTA_TRIGGER)
     )
-    query = DeltaQuery(writer.start, committer)
+
+    def start() -> Any:
+        clear_unrecorded_offsets(spark, checkpoint)
+        return writer.start()
+
+    query = DeltaQuery(start, committer)
     cleanup.callback(query.stop)
     return query
+
+
+def clear_unrecorded_offsets(spark: Any, checkpoint: str) -> None:
+    """Remove what an interrupted first offsets write left in a query's checkpoint.
+
+    Spark writes a batch's offsets to a hidden temporary file and then renames it; a kill
+    between the two leaves the temporary file and no batch. With no batch recorded, Spark takes
+    the checkpoint for a new query's and refuses to start unless ``offsets`` is empty, so the
+    stream could never start again. Without a batch file, ``offsets`` holds nothing the query
+    needs; once one batch is recorded, nothing here is touched.
+    """
+    jvm = spark._jvm
+    offsets = jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/offsets")
+    fs = offsets.getFileSystem(spark._jsc.hadoopConfiguration())
+    if not fs.exists(offsets):
+        return
+    names = [status.getPath().getName() for status in fs.listStatus(offsets)]
+    if names and not any(_BATCH_FILE.fullmatch(name) for name in names):
+        log.warning(
+            "%s/offsets: removing an interrupted first write (%s)", checkpoint, ", ".join(names)
+        )
+        for name in names:
+            fs.delete(jvm.org.apache.hadoop.fs.Path(offsets, name), False)
 
 
 def _stop_threads(threads: Sequence[Worker]) -> None:
