@@ -125,7 +125,7 @@ for arg in "$@"; do
 done
 split=$([ -z "$tier" ] && [ "${DBLOG_SETUP_ONLY:-0}" != 1 ] && [ "$named" = 0 ] && echo 1 || echo 0)
 BESIDE=(tests/integration/sinks tests/integration/spark/test_session.py
-    tests/integration/spark/test_class_archive.py)
+    tests/integration/spark/test_class_archive.py tests/integration/spark/test_stream_job.py)
 pytest_rc=0
 beside_pid=
 beside() { # NAME PYTEST_ARGS...: pytest in the background, its report in a file
