@@ -346,8 +346,7 @@ def clear_unrecorded_offsets(spark: Any, checkpoint: str) -> None:
     stream could never start again. Without a batch file, ``offsets`` holds nothing the query
     needs; once one batch is recorded, nothing here is touched.
     """
-    jvm = spark._jvm
-    offsets = jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/offsets")
+    offsets = spark._jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/offsets")
     fs = offsets.getFileSystem(spark._jsc.hadoopConfiguration())
     if not fs.exists(offsets):
         return
@@ -356,8 +355,7 @@ def clear_unrecorded_offsets(spark: Any, checkpoint: str) -> None:
         log.warning(
             "%s/offsets: removing an interrupted first write (%s)", checkpoint, ", ".join(names)
         )
-        for name in names:
-            fs.delete(jvm.org.apache.hadoop.fs.Path(offsets, name), False)
+        fs.delete(offsets, True)  # as the Delta sink's log without commits: Spark makes it again
 
 
 def _stop_threads(threads: Sequence[Worker]) -> None:
