@@ -53,7 +53,6 @@ SEGMENT_S = 0.25  # a segment holds at most this much of the log...
 SEGMENT_EVENTS = 5000  # ...or this many events
 IDLE_SEGMENT_S = 1.0  # heartbeats alone: a segment a second
 SELECT_POLL_S = 0.05  # while a SELECT runs, read the log in steps this short to register it soon
-LOG_PEEK_S = 0.002  # after waiting for a SELECT, how long a read waits for the log
 # Dump rows in the spool that not every sink holds yet: beyond this many the next chunk waits,
 # so a busy log and a dump share the sinks' throughput and neither starves. Two chunks' worth
 # (x parallelism), and at least a few sink batches' worth: a sink's batch costs seconds however
@@ -125,7 +124,6 @@ class Capture:
             config.source.url,
         )
         self.batch_id = batch_id
-        self._backlog = False  # the last read filled its batch: the log has more waiting
         self.settings: DumpSettings = config.dump
         self._controls_at = 0.0
         self._last_chunk_at = 0.0
@@ -146,15 +144,7 @@ class Capture:
         self.executor.poll()
         if self.executor.in_flight:
             timeout_s = min(timeout_s, SELECT_POLL_S)
-            # A read wakes on the log, not on a SELECT's end, and the dump moves on only once
-            # that end is registered; unless the log has a backlog to read, wait for the SELECT
-            # (the log waits in the socket meanwhile) and then only look at the log.
-            if not self._backlog:
-                if self.executor.wait(timeout_s):
-                    self.executor.poll()
-                timeout_s = min(timeout_s, LOG_PEEK_S)
         items: list[LogItem] = self.reader.read(max_items, timeout_s)
-        self._backlog = len(items) >= max_items
         self.source_ts_ms = source_time_ms(items, int(time.time() * 1000), self.source_ts_ms)
         output: list[Published] = []
         for item in items:

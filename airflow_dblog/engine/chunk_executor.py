@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,11 +118,6 @@ class ChunkExecutor:
     @property
     def in_flight(self) -> int:
         return len(self._in_flight)
-
-    def wait(self, timeout_s: float) -> bool:
-        """Whether a SELECT in flight is done, waiting up to ``timeout_s`` for one to be."""
-        futures = [f.future for f in self._in_flight.values()]
-        return bool(futures) and bool(wait(futures, timeout_s, FIRST_COMPLETED).done)
 
     def claim(self, chunk_size: int) -> Chunk | None:
         """The oldest runnable dump's next chunk: requeued or key-list chunks first."""

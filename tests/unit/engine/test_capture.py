@@ -8,20 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
 from airflow_dblog.config import Config
 from airflow_dblog.core.events import ChangeEvent, LogItem, TableId, WatermarkEvent
-from airflow_dblog.engine import capture as capture_module
 from airflow_dblog.engine.capture import Published
-from airflow_dblog.engine.chunk_file import ChunkRef, ChunkSelected
-from airflow_dblog.engine.chunk_task import ChunkTask
+from airflow_dblog.engine.chunk_file import ChunkRef
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.metadata.dumps import TablePlan
 from airflow_dblog.engine.planner import plan_dump
@@ -101,32 +97,6 @@ def test_rows_written_before_the_stream_started_are_not_in_its_log(
     _drain(capture, fake_db)
     capture.close()
     assert sink.rows(items) == {(2,): {"id": 2, "v": "new"}}  # the old row comes by dump only
-
-
-def test_a_select_that_ends_while_the_log_is_quiet_is_registered_by_the_step_waiting_on_it(
-    fake_db: FakeDatabase, items: TableId, meta: MetadataStore, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
-    """The dump moves on when a SELECT's end is registered, not when the next log event comes."""
-    monkeypatch.setattr(capture_module, "SELECT_POLL_S", 30.0)
-    fake_db.insert(items, *({"id": i, "v": f"v{i}"} for i in range(5)))
-    config = fake_config(fake_db, [items], tmp_path, chunk_size=10)
-    capture = _open(config, meta, fake_db, MemorySink())
-    submit = capture.executor.runner.submit
-
-    def ends_later(task: ChunkTask) -> Future[ChunkSelected]:
-        selected, later = submit(task), Future[ChunkSelected]()
-        threading.Timer(0.3, lambda: later.set_result(selected.result())).start()
-        return later
-
-    monkeypatch.setattr(capture.executor.runner, "submit", ends_later)
-    plan_dump(config, meta)
-    _run_until(capture, lambda: capture.executor.in_flight == 1)
-    log_length = len(fake_db.log)  # the low watermark is the log's last item: nothing to read
-    capture.step(timeout_s=30)
-    assert capture.executor.in_flight == 0
-    assert isinstance(fake_db.log[log_length], WatermarkEvent)  # the high one, written at once
-    capture.close()
 
 
 @pytest.mark.parametrize(("seed", "parallelism"), [(1, 1), (2, 3)])
