@@ -39,7 +39,7 @@ from airflow_dblog.engine.spool import Spool
 from airflow_dblog.engine.spool_store import join
 from airflow_dblog.engine.watermarks import watermark_strategy
 from airflow_dblog.errors import DblogError
-from airflow_dblog.sources.base import ChangelogReader, Offset, Source
+from airflow_dblog.sources.base import ChangelogReader, Offset, Source, Wake
 
 Published = ChangeEvent | ChunkRef
 
@@ -52,7 +52,6 @@ IDLE_CLAIM_S = 0.2
 SEGMENT_S = 0.25  # a segment holds at most this much of the log...
 SEGMENT_EVENTS = 5000  # ...or this many events
 IDLE_SEGMENT_S = 1.0  # heartbeats alone: a segment a second
-SELECT_POLL_S = 0.05  # while a SELECT runs, read the log in steps this short to register it soon
 # Dump rows in the spool that not every sink holds yet: beyond this many the next chunk waits,
 # so a busy log and a dump share the sinks' throughput and neither starves. Two chunks' worth
 # (x parallelism), and at least a few sink batches' worth: a sink's batch costs seconds however
@@ -108,6 +107,7 @@ class Capture:
                 source_offset={"reader": reader.offset(), "batch_id": batch_id},
                 heartbeat_at=utcnow(),
             )
+        self.wake = Wake()
         self.merge = WatermarkMerge(
             history_limit=HISTORY_LIMIT if strategy.history else 0,
             unknown_past=strategy.unknown_past() if resumed and strategy.history else None,
@@ -122,6 +122,7 @@ class Capture:
             self.runner,
             self.files,
             config.source.url,
+            self.wake,
         )
         self.batch_id = batch_id
         self.settings: DumpSettings = config.dump
@@ -141,10 +142,9 @@ class Capture:
 
     def step(self, max_items: int = 5000, timeout_s: float = 0.2) -> StepResult:
         self._refresh_controls()
+        self.wake.clear()  # a SELECT that ends from here on ends the read's wait
         self.executor.poll()
-        if self.executor.in_flight:
-            timeout_s = min(timeout_s, SELECT_POLL_S)
-        items: list[LogItem] = self.reader.read(max_items, timeout_s)
+        items: list[LogItem] = self.reader.read(max_items, timeout_s, self.wake)
         self.source_ts_ms = source_time_ms(items, int(time.time() * 1000), self.source_ts_ms)
         output: list[Published] = []
         for item in items:
@@ -278,6 +278,7 @@ class Capture:
         if self.signals is not None:
             self.signals.close()
         self.reader.close()
+        self.wake.close()
 
 
 class SpooledCapture(Capture):

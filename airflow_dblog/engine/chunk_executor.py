@@ -32,7 +32,7 @@ from airflow_dblog.engine.chunk_task import ChunkTask, error_of
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.metadata.models import Chunk, DumpTable
 from airflow_dblog.errors import DblogError, FencedError, MetadataError, SourceError
-from airflow_dblog.sources.base import Key, Source, TableSchema
+from airflow_dblog.sources.base import Key, Source, TableSchema, Wake
 from airflow_dblog.sources.watermark import Opened, Selection, WatermarkStrategy
 
 log = logging.getLogger(__name__)
@@ -77,10 +77,13 @@ class ChunkExecutor:
         runner: ChunkRunner,
         files: ChunkFiles,
         url: str,
+        wake: Wake | None = None,
     ) -> None:
+        """``wake`` is set when a SELECT ends: the capture's log read stops waiting for the
+        log, and the chunk's watermark follows at once."""
         self.source, self.store, self.merge = source, store, merge
         self.stream, self.strategy, self.worker = stream, strategy, worker
-        self.runner, self.files, self.url = runner, files, url
+        self.runner, self.files, self.url, self.wake = runner, files, url, wake
         self._schemas: dict[TableId, TableSchema] = {}  # as described after the last chunk
         # (dump id, table) -> its bound and where the log stood when it was read
         self._bounds: dict[tuple[int, str], tuple[list[Any] | None, str | None]] = {}
@@ -208,6 +211,9 @@ class ChunkExecutor:
             lambda window: self.merge.open_chunk(chunk.id, chunk.dump_id, selection.table, window)
         )
         future = self.runner.submit(task)
+        wake = self.wake
+        if wake is not None:
+            future.add_done_callback(lambda _: wake.set())
         self._in_flight[chunk.id] = _InFlight(chunk, task, opened, future, horizon, known, attempt)
 
     def poll(self) -> int:

@@ -9,6 +9,9 @@ that source's own class (``sources/<kind>/watermarks.py``).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -93,8 +96,11 @@ class ChangelogReader(Protocol):
     # it reads (watermarks, snapshots) on the same one (MySQL/MariaDB; 0 elsewhere)
     lineage_epoch: int
 
-    def read(self, max_items: int, timeout_s: float) -> list[LogItem]:
-        """Up to ``max_items`` items in commit order; a Heartbeat when idle for ``timeout_s``."""
+    def read(self, max_items: int, timeout_s: float, wake: Wake | None = None) -> list[LogItem]:
+        """Up to ``max_items`` items in commit order; a Heartbeat when idle for ``timeout_s``.
+
+        ``wake`` set by another thread ends the wait early: the read returns what it has, which
+        may be nothing."""
         ...
 
     def offset(self) -> Offset:
@@ -106,6 +112,41 @@ class ChangelogReader(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class Wake:
+    """Ends a log read's wait from another thread: the read waits on its connection and on
+    this pipe, so a chunk whose SELECT ends is registered at once, not at the read's timeout,
+    and the log is still read as it comes. Its state is the pipe's content alone."""
+
+    def __init__(self) -> None:
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)
+        os.set_blocking(self._write_fd, False)
+
+    def fileno(self) -> int:
+        return self._read_fd
+
+    def set(self) -> None:
+        if self._write_fd < 0:
+            return  # closed: the stream stopped
+        with contextlib.suppress(OSError):  # the pipe is full: it is set already
+            os.write(self._write_fd, b"\0")
+
+    def is_set(self) -> bool:
+        return bool(select.select([self._read_fd], [], [], 0)[0])
+
+    def clear(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._read_fd, 4096):
+                pass
+
+    def close(self) -> None:
+        fds = (self._read_fd, self._write_fd)
+        self._read_fd = self._write_fd = -1  # a late set() must not write to a reused number
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
 
 
 class Closeable:

@@ -30,7 +30,7 @@ from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, Row, Tabl
 from airflow_dblog.core.position import Position
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.sources import registry
-from airflow_dblog.sources.base import Closeable, Column, Key, Offset, TableSchema
+from airflow_dblog.sources.base import Closeable, Column, Key, Offset, TableSchema, Wake
 from airflow_dblog.sources.mysql.watermarks import MysqlTableWatermarks
 from airflow_dblog.sources.registry import ReaderSettings, SourceKind
 from airflow_dblog.sources.watermark import WatermarkStrategy
@@ -272,7 +272,7 @@ class FakeChangelogReader(Closeable):
         self._next = len(db.log) if offset is None else int(offset["next"])
         self.closed = False
 
-    def read(self, max_items: int, timeout_s: float) -> list[LogItem]:
+    def read(self, max_items: int, timeout_s: float, wake: Wake | None = None) -> list[LogItem]:
         if self.closed:
             raise SourceError("read from a closed reader")
         if self.db.down:

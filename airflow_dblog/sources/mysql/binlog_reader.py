@@ -96,7 +96,7 @@ from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, Row, Tabl
 from airflow_dblog.core.gtid import GtidSet, MysqlGtidSet
 from airflow_dblog.core.position import Position, binlog_file_index
 from airflow_dblog.errors import InputError, SourceError
-from airflow_dblog.sources.base import Offset, StreamReader
+from airflow_dblog.sources.base import Offset, StreamReader, Wake
 from airflow_dblog.sources.mysql.binlog_codecs import column_converters, shape_matches
 from airflow_dblog.sources.mysql.connection import (
     ConnectionSettings,
@@ -469,7 +469,7 @@ class BinlogReader(StreamReader):
                 )
         raise AssertionError("unreachable")
 
-    def _arrived(self, wait_s: float) -> bool:
+    def _arrived(self, wait_s: float, wake: Wake | None = None) -> bool:
         """Whether the server has sent more (or does within ``wait_s``): a fetch will not wait.
 
         Without this a read waited for the server's next heartbeat (``heartbeat_s``) after the
@@ -493,7 +493,9 @@ class BinlogReader(StreamReader):
             sock.settimeout(timeout)
         if isinstance(sock, ssl.SSLSocket) and sock.pending():
             return True
-        return bool(wait_s > 0 and select.select([sock], [], [], wait_s)[0])
+        if wait_s <= 0:
+            return False
+        return sock in select.select([sock] if wake is None else [sock, wake], [], [], wait_s)[0]
 
     def _reset_stream(self) -> None:
         """Drop the connection; the next read reopens at the current transaction's start
@@ -515,7 +517,7 @@ class BinlogReader(StreamReader):
         assert stream is not None
         return str(stream.log_file or self._file), int(stream.log_pos or 0)
 
-    def read(self, max_items: int, timeout_s: float) -> list[LogItem]:
+    def read(self, max_items: int, timeout_s: float, wake: Wake | None = None) -> list[LogItem]:
         if max_items <= 0:
             return []
         deadline = time.monotonic() + max(0.0, timeout_s)
@@ -525,11 +527,11 @@ class BinlogReader(StreamReader):
             if out and (self._server_idle or not self._arrived(LINGER_S)):
                 break  # the server has nothing more right now: hand over what we have
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not (out or self._arrived(remaining)):
+            if remaining <= 0 or not (out or self._arrived(remaining, wake)):
                 break
             self._step()
             self._take(out, max_items)
-        if out:
+        if out or (wake is not None and wake.is_set()):
             return out
         heartbeat = self._heartbeat(max(timeout_s, 1.0), max_items)
         if isinstance(heartbeat, list):

@@ -79,7 +79,7 @@ from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, Row, Tabl
 from airflow_dblog.core.position import Position, int_to_lsn, lsn_to_int
 from airflow_dblog.errors import SourceError
 from airflow_dblog.redact import redact
-from airflow_dblog.sources.base import Offset, StreamReader
+from airflow_dblog.sources.base import Offset, StreamReader, Wake
 from airflow_dblog.sources.postgres.connection import (
     SESSION_OPTIONS,
     ConnectionSettings,
@@ -448,7 +448,7 @@ class Wal2jsonReader(StreamReader):
 
     # -- ChangelogReader --------------------------------------------------------------------
 
-    def read(self, max_items: int, timeout_s: float) -> list[LogItem]:
+    def read(self, max_items: int, timeout_s: float, wake: Wake | None = None) -> list[LogItem]:
         """Up to ``max_items`` items in commit order; ``[Heartbeat]`` when nothing came."""
         max_items = max(1, int(max_items))
         deadline = time.monotonic() + max(0.0, timeout_s)
@@ -461,7 +461,7 @@ class Wal2jsonReader(StreamReader):
             failures = 0
             while True:
                 try:
-                    self._read_into(out, max_items, deadline)
+                    self._read_into(out, max_items, deadline, wake)
                     break
                 except (psycopg2.OperationalError, psycopg2.InterfaceError, OSError) as err:
                     failures += 1
@@ -487,7 +487,9 @@ class Wal2jsonReader(StreamReader):
                 self._safe = max(self._safe, hb.position.coords[0])
         return out
 
-    def _read_into(self, out: list[LogItem], max_items: int, deadline: float) -> None:
+    def _read_into(
+        self, out: list[LogItem], max_items: int, deadline: float, wake: Wake | None
+    ) -> None:
         cur = self._cur
         while len(out) < max_items:
             msg = cur.read_message()
@@ -508,7 +510,8 @@ class Wal2jsonReader(StreamReader):
                 self._last_request = now
             wait = min(deadline - now, KEEPALIVE_REQUEST_S)
             with contextlib.suppress(InterruptedError):
-                select.select([cur], [], [], wait)
+                if wake in select.select([cur] if wake is None else [cur, wake], [], [], wait)[0]:
+                    return
         if not self._queue and self._in_txn:
             # look one message ahead: when it is the commit of the transaction just handed
             # out, the offset can already say that transaction is complete

@@ -14,6 +14,7 @@ from airflow_dblog.engine.capture import SpooledCapture
 from airflow_dblog.engine.lag import StreamStatus, seconds_behind, source_time_ms, stream_state
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.spool import Spool
+from airflow_dblog.sources.base import Wake
 from airflow_dblog.sources.mysql.lag import binlog_bytes_behind, committed_binlog_point
 from airflow_dblog.sources.postgres.lag import committed_lsn, wal_bytes_behind
 
@@ -97,7 +98,7 @@ class _Reader:
     def __init__(self, reads: list[list[LogItem]]) -> None:
         self.reads, self.done = reads, 0
 
-    def read(self, max_items: int, timeout_s: float) -> list[LogItem]:
+    def read(self, max_items: int, timeout_s: float, wake: Wake | None = None) -> list[LogItem]:
         if not self.reads:
             return []
         self.done += 1

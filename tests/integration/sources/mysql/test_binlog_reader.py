@@ -6,6 +6,7 @@ import datetime as dt
 import decimal
 import json
 import re
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import pytest
 from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, TableId, WatermarkEvent
 from airflow_dblog.core.position import Position
 from airflow_dblog.errors import InputError, SourceError
+from airflow_dblog.sources.base import Wake
 from airflow_dblog.sources.mysql.binlog_reader import BinlogReader
 from airflow_dblog.sources.mysql.source import MysqlSource
 from tests.support.source_dbs import MysqlDb as Db
@@ -288,6 +290,23 @@ def test_heartbeat_on_idle(db: Db, source: MysqlSource, readers: list[BinlogRead
     again = open_reader(readers, db, ["h"], offset=reader.offset())
     db.execute(f"INSERT INTO {db.q('h')} VALUES (7)")
     assert [e.key for e in changes(drain(again, 1))] == [(7,)]
+
+
+def test_a_wake_ends_an_idle_read_without_a_heartbeat_and_the_log_still_comes(
+    db: Db, readers: list[BinlogReader]
+) -> None:
+    db.execute(f"CREATE TABLE {db.q('w')} (id int PRIMARY KEY)")
+    reader = open_reader(readers, db, ["w"])
+    reader.read(100, 0.3)  # the first read connects
+    wake = Wake()
+    threading.Timer(0.1, wake.set).start()
+    started = time.monotonic()
+    assert reader.read(100, 30.0, wake) == []
+    assert time.monotonic() - started < 15.0  # not the read's timeout
+    wake.clear()
+    db.execute(f"INSERT INTO {db.q('w')} VALUES (1)")
+    assert [e.key for e in changes(reader.read(100, 30.0, wake))] == [(1,)]
+    wake.close()
 
 
 def test_rotation_is_followed_and_resumable(

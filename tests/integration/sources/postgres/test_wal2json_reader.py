@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import pytest
 from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, TableId, WatermarkEvent
 from airflow_dblog.core.position import Position, int_to_lsn, lsn_to_int
 from airflow_dblog.errors import InputError, SourceError
+from airflow_dblog.sources.base import Wake
 from airflow_dblog.sources.postgres.source import PostgresSource
 from airflow_dblog.sources.postgres.wal2json_reader import UNAVAILABLE, Wal2jsonReader
 from tests.support.source_dbs import PostgresDb as Db
@@ -602,6 +604,22 @@ def test_heartbeat_on_idle_passes_current_lsn(db: Db, readers: Readers) -> None:
     t0 = time.monotonic()
     reader.read(10, 0.3)
     assert time.monotonic() - t0 < 1.0
+
+
+@pytest.mark.integration
+def test_a_wake_ends_an_idle_read_and_the_log_still_comes(db: Db, readers: Readers) -> None:
+    db.execute("CREATE TABLE items (id int PRIMARY KEY)")
+    reader = readers.open([T])
+    read_quiet(reader)
+    wake = Wake()
+    threading.Timer(0.1, wake.set).start()
+    started = time.monotonic()
+    assert not changes(reader.read(100, 30.0, wake))
+    assert time.monotonic() - started < 15.0  # not the read's timeout
+    wake.clear()
+    db.execute("INSERT INTO items VALUES (1)")
+    assert [e.key for e in changes(read_items(reader, 1))] == [(1,)]
+    wake.close()
 
 
 @pytest.mark.integration
