@@ -261,6 +261,9 @@ class ChunkFiles:
         self._fs: Any = None
         self._root = ""
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fs": None}  # another process opens its own filesystem
+
     @property
     def fs(self) -> Any:
         if self._fs is None:

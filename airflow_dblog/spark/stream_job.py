@@ -35,7 +35,7 @@ from airflow_dblog.config import Config
 from airflow_dblog.core.events import TableId
 from airflow_dblog.engine.capture import SpooledCapture
 from airflow_dblog.engine.chunk_file import ChunkRef
-from airflow_dblog.engine.chunk_runner import LateRunner
+from airflow_dblog.engine.chunk_runner import LateRunner, ProcessChunkRunner
 from airflow_dblog.engine.configured_source import open_reader, open_source
 from airflow_dblog.engine.leader import LeaderLease
 from airflow_dblog.engine.metadata import MetadataStore
@@ -240,12 +240,15 @@ def run_stream(
             FORWARDED_IN_MEMORY if config.kafka else 0,
             conf=config.spark.conf,
         )
-        # chunk SELECTs run as Spark jobs once Spark is up (driver threads without Spark)
-        runner = LateRunner() if config.delta is not None else None
+        # chunk SELECTs run as Spark jobs once Spark is up (worker processes without Spark)
+        runner: LateRunner | ProcessChunkRunner
+        runner = LateRunner() if config.delta is not None else ProcessChunkRunner(spool.chunks)
         capture = SpooledCapture(
             config, store, source, lambda offset: open_reader(config, offset), spool, runner=runner
         )
         cleanup.callback(capture.close)
+        if isinstance(runner, ProcessChunkRunner):
+            runner.warm_up(config.source.type, capture.executor.url)
         schemas = {table: source.describe(table) for table in config.source.tables}
         names = [name for name, on in (("delta", config.delta), ("kafka", config.kafka)) if on]
         barrier = SinkBarrier(names, capture.committed, spool.drop_before)
@@ -263,7 +266,7 @@ def run_stream(
         query: DeltaQuery | None = None
         if config.delta is not None:
             query = _start_delta_query(config, master, schemas, spool, barrier, store, cleanup)
-            assert runner is not None
+            assert isinstance(runner, LateRunner)
             chunks = SparkChunkRunner(query.committer.spark, spool.chunks)
             chunks.warm_up(config.source.type, capture.executor.url)  # looked up once
             runner.runner = chunks

@@ -62,10 +62,11 @@ def write_config(
     master: str = "local[2]",
     deletion_vectors: bool = True,
     spark_conf: Mapping[str, str] | None = None,
+    delta_sink: bool = True,
 ) -> Path:
     """A fresh stream (new name, metadata, checkpoint) of ``tables`` (default: ``db``'s table);
     ``checkpoint`` and ``delta`` default to folders of ``tmp_path``; ``spark_conf`` adds to the
-    session's settings."""
+    session's settings; without ``delta_sink`` Kafka is its only sink (it starts no Spark)."""
     path = tmp_path / "stream.yaml"
     # a small Delta batch waits 1 s, not the default 5: each test ends waiting for its last
     # changes in Delta (the default's wait is taken by the browser, DAG and race tests' streams)
@@ -75,6 +76,12 @@ def write_config(
     kafka_sink = (
         f", kafka: {{bootstrap_servers: '{kafka}', topic_prefix: {name}{signals}}}" if kafka else ""
     )
+    delta_sink_text = (
+        f'delta: {{path: "{delta or f"{tmp_path}/delta"}"{delta_options}}}' if delta_sink else ""
+    )
+    if not delta_sink:
+        assert kafka, "a stream needs a sink"
+        kafka_sink = kafka_sink.removeprefix(", ")
     conf = {**TEST_SPARK_CONF, "spark.sql.shuffle.partitions": "2", **(spark_conf or {})}
     path.write_text(
         f"""
@@ -86,7 +93,7 @@ source:
   watermark: {watermark}
 metadata: {{url: "{metadata_url or f"sqlite:///{tmp_path}/meta.db"}"}}
 dump: {{chunk_size: {chunk_size}, parallelism: 2, delay_ms: {delay_ms}}}
-sinks: {{delta: {{path: "{delta or f"{tmp_path}/delta"}"{delta_options}}}{kafka_sink}}}
+sinks: {{{delta_sink_text}{kafka_sink}}}
 checkpoint: "{checkpoint or f"{tmp_path}/checkpoint"}"
 spark:
   master: "{master}"

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from airflow_dblog.cli import main as dblog
@@ -58,10 +59,12 @@ class Case:
     dump: str  # "before" the stream first runs, or "after" it is capturing
     kills: tuple[str, ...]
     seed: int
+    delta: bool = True  # else Kafka is the only sink: chunks are selected in worker processes
 
     def __str__(self) -> str:
         kills = "+".join(self.kills) or "straight"
-        return f"{self.kind}-{self.watermark}-dump-{self.dump}-{kills}-seed{self.seed}"
+        sinks = "" if self.delta else "-kafka-only"
+        return f"{self.kind}-{self.watermark}-dump-{self.dump}-{kills}{sinks}-seed{self.seed}"
 
 
 # 8 kill points (first-commit x2, first-chunk x3, random x3) and one straight run; every
@@ -73,6 +76,7 @@ CASES = [
     Case("postgres", "table", "before", ("first-commit", "first-chunk"), 1205),
     Case("postgres", "table", "after", ("first-chunk", "random"), 1206),
     Case("postgres", "snapshot", "before", (), 1207),
+    Case("mysql", "table", "after", ("first-chunk", "random"), 1208, delta=False),
 ]
 
 
@@ -99,8 +103,14 @@ class Run:
 
     def kill_and_restart(self, point: str) -> str:
         """SIGKILL now, note where the stream stood, start it again."""
+        children = self.stream.processes()[:-1]
         self.stream.kill()
-        version = delta_version(delta_path(self.config, self.db.table()))
+        if self.config.delta is None:  # its chunk workers exit with it, connections and all
+            _, alive = psutil.wait_procs(children, timeout=15)
+            assert not alive, f"left behind by the killed stream: {alive}"
+        version = (
+            delta_version(delta_path(self.config, self.db.table())) if self.config.delta else -1
+        )
         chunks = self.store.chunks(self.dump_id) if self.dump_id else []
         states = dict(Counter(c.state for c in chunks))
         if point == "first-commit":
@@ -161,6 +171,7 @@ def test_no_key_ever_goes_back_in_delta_or_kafka(
         delay_ms=DELAY_MS,
         kafka=kafka_server.bootstrap_servers,
         watermark=case.watermark,
+        delta_sink=case.delta,
     )
     config = load_config(config_path)
     run = Run(
