@@ -143,6 +143,8 @@ class Capture:
     def step(self, max_items: int = 5000, timeout_s: float = 0.2) -> StepResult:
         self._refresh_controls()
         self.wake.clear()  # a SELECT that ends from here on ends the read's wait
+        # the next chunk's SELECT first, then the work that closes the ended one's window
+        started = self._start_chunks() if self.executor.selects_ended() else 0
         self.executor.poll()
         items: list[LogItem] = self.reader.read(max_items, timeout_s, self.wake)
         self.source_ts_ms = source_time_ms(items, int(time.time() * 1000), self.source_ts_ms)
@@ -159,7 +161,7 @@ class Capture:
         if output or items:
             self.batch_id += 1
             self._publish(output, items)
-        started = self._start_chunks()
+        started += self._start_chunks()
         refs = [o for o in output if isinstance(o, ChunkRef)]
         emitted = len(output) - len(refs) + sum(r.emitted for r in refs)
         return StepResult(len(items), emitted, started, len(refs))
@@ -249,16 +251,18 @@ class Capture:
         if now - self._nothing_to_claim_at < IDLE_CLAIM_S:
             return 0
         started = 0
-        while self.executor.busy() < settings.parallelism and self.executor.ready():
+        while self.executor.has_room(settings.parallelism) and self.executor.ready():
             chunk = self.executor.claim(settings.chunk_size)
             if chunk is None:
                 self._nothing_to_claim_at = time.monotonic()
-                break
+                return started
             self.executor.start(chunk, settings.chunk_size)
             self._last_chunk_at = time.monotonic()
             started += 1
             if settings.delay_ms:
                 break
+        if self.executor.in_flight and not self.executor.claim_ahead(settings.chunk_size):
+            self._nothing_to_claim_at = time.monotonic()
         return started
 
     def _refresh_controls(self) -> None:

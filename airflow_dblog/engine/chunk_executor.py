@@ -88,6 +88,7 @@ class ChunkExecutor:
         # (dump id, table) -> its bound and where the log stood when it was read
         self._bounds: dict[tuple[int, str], tuple[list[Any] | None, str | None]] = {}
         self._in_flight: dict[int, _InFlight] = {}  # in the order they were sent
+        self._ahead: Chunk | None = None  # claimed while SELECTs ran, not started yet
         self._retry_at = 0.0
 
     def refresh_horizon(self) -> None:
@@ -118,12 +119,30 @@ class ChunkExecutor:
         """Chunks started and not closed: SELECTs in flight and windows open."""
         return len(set(self._in_flight) | self.merge.open_ids())
 
+    def has_room(self, parallelism: int) -> bool:
+        """Whether another chunk may start: fewer than ``parallelism`` SELECTs run, and at
+        most ``parallelism`` chunks whose SELECT ended wait for their window to close. So the
+        next chunk's SELECT runs while the last one's high watermark is written and read
+        back, and a capture that falls behind the log holds the dump back."""
+        selecting = {i for i, f in self._in_flight.items() if not f.future.done()}
+        waiting = (set(self._in_flight) | self.merge.open_ids()) - selecting
+        return len(selecting) < parallelism and len(waiting) <= parallelism
+
+    def selects_ended(self) -> bool:
+        """Whether a SELECT ended that :meth:`poll` has not taken yet."""
+        return any(f.future.done() for f in self._in_flight.values())
+
     @property
     def in_flight(self) -> int:
         return len(self._in_flight)
 
     def claim(self, chunk_size: int) -> Chunk | None:
         """The oldest runnable dump's next chunk: requeued or key-list chunks first."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            if self.store.dump(ahead.dump_id).state in ("pending", "running"):
+                return ahead
+            self.store.requeue_chunk(ahead.id)  # paused meanwhile (a cancel cancelled it)
         dumps = self.store.runnable_dumps(self.stream)
         if not dumps:
             return None  # the common case between dumps: one query per step, no more
@@ -137,6 +156,14 @@ class ChunkExecutor:
                 return chunk
         self.store.finish_empty_dumps(self.stream)
         return None
+
+    def claim_ahead(self, chunk_size: int) -> bool:
+        """Claim the next chunk while SELECTs run, to start it when a slot frees: a chunk's
+        metadata work (cut, claim) then overlaps the SELECT before it instead of following
+        it. Whether there is one."""
+        if self._ahead is None:
+            self._ahead = self.claim(chunk_size)
+        return self._ahead is not None
 
     def _claim_in(self, dump_id: int, chunk_size: int) -> Chunk | None:
         chunk = self.store.claim_pending_chunk(dump_id, self.worker)
@@ -287,8 +314,7 @@ class ChunkExecutor:
             # chunk size): the rest of the range becomes its own chunk
             assert selected.last_key is not None
             self.store.split_chunk(chunk.id, selected.last_key)
-        self.store.mark_selected(chunk.id, selected.count)
-        self.store.record_window(chunk.id, *self.strategy.record(flight.opened))
+        self.store.mark_selected(chunk.id, selected.count, *self.strategy.record(flight.opened))
         log.info(
             "chunk %s#%s of dump %s: %d rows selected (by pid %d)",
             task.table, chunk.seq, chunk.dump_id, selected.count, selected.pid,
@@ -344,6 +370,8 @@ class ChunkExecutor:
     def cancel_dump(self, dump_id: int) -> None:
         """Forget a dump's open windows; its SELECTs in flight are dropped when they end."""
         self.merge.cancel_dump(dump_id)
+        if self._ahead is not None and self._ahead.dump_id == dump_id:
+            self._ahead = None
         for flight in self._in_flight.values():
             if flight.chunk.dump_id == dump_id:
                 flight.discarded = True

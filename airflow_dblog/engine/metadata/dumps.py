@@ -423,18 +423,21 @@ class DumpsAndChunks(MetadataDatabase):
             dump.state, dump.started_at = "running", now
         dump.updated_at = now
 
-    def record_window(
-        self, chunk_id: int, window: dict[str, Any], low: str | None = None, high: str | None = None
+    def mark_selected(
+        self,
+        chunk_id: int,
+        rows_selected: int,
+        window: dict[str, Any] | None = None,
+        low: str | None = None,
+        high: str | None = None,
     ) -> None:
+        """The chunk's SELECT is done, and the window its watermark strategy records."""
         with self.session() as s:
             chunk = _get_chunk(s, chunk_id)
-            chunk.window = window
-            chunk.low_watermark = low or chunk.low_watermark
-            chunk.high_watermark = high or chunk.high_watermark
-
-    def mark_selected(self, chunk_id: int, rows_selected: int) -> None:
-        with self.session() as s:
-            chunk = _get_chunk(s, chunk_id)
+            if window is not None:
+                chunk.window = window
+                chunk.low_watermark = low or chunk.low_watermark
+                chunk.high_watermark = high or chunk.high_watermark
             if chunk.state != "running":  # cancelled while its SELECT ran
                 return
             chunk.state, chunk.rows_selected, chunk.selected_at = (

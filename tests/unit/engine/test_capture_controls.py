@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 
 from airflow_dblog.config import Config
-from airflow_dblog.core.events import ChangeEvent, Heartbeat, TableId
+from airflow_dblog.core.events import ChangeEvent, Heartbeat, LogItem, TableId
 from airflow_dblog.engine import capture as capture_module
 from airflow_dblog.engine.chunk_executor import page_limit
-from airflow_dblog.engine.chunk_file import ChunkSelected
+from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkSelected
 from airflow_dblog.engine.chunk_runner import LateRunner, ThreadChunkRunner
-from airflow_dblog.engine.chunk_task import ChunkTask
+from airflow_dblog.engine.chunk_task import ChunkTask, run_task
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.planner import plan_dump
+from airflow_dblog.sources.base import Wake
 from tests.support.fake_source import FakeChangelogReader, FakeDatabase, FakeSource, fake_config
 from tests.support.memory_sink import MemoryCapture, MemorySink
 
@@ -97,6 +98,27 @@ def test_a_paused_dump_starts_no_chunk_until_it_is_resumed(
     assert sink.rows(items) == fake_db.rows(items)
 
 
+def test_a_chunk_claimed_while_a_select_ran_waits_out_a_pause_and_then_runs(
+    fake_db: FakeDatabase, items: TableId, tmp_path: Path
+) -> None:
+    config, store, capture, _ = _capture(fake_db, items, tmp_path, chunk_size=3)
+    held = _hold(capture)
+    dump_id = plan_dump(config, store)
+    capture.step(timeout_s=0)
+    assert len(held.tasks) == 1
+    assert [c.state for c in store.chunks(dump_id)] == ["running", "running"]  # one ahead
+    store.apply(dump_id, "pause")
+    store.set_controls(config.name, parallelism=2)
+    for _ in range(3):
+        capture.step(timeout_s=0)
+    assert len(held.tasks) == 1
+    assert [c.state for c in store.chunks(dump_id)] == ["running", "pending"]
+    store.apply(dump_id, "resume")
+    capture.step(timeout_s=0)
+    assert [(t.lower, t.upper) for t in held.tasks] == [(None, (2,)), ((2,), (5,))]
+    capture.close()
+
+
 def test_a_dump_cancelled_while_its_chunk_runs_sends_none_of_its_rows(
     fake_db: FakeDatabase, items: TableId, tmp_path: Path
 ) -> None:
@@ -124,6 +146,66 @@ def test_no_more_chunks_run_at_once_than_the_parallelism(
     store.set_controls(config.name, parallelism=3)
     capture.step(timeout_s=0)
     assert len(held.tasks) == 3
+    capture.close()
+
+
+class GatedRunner:
+    """A runner whose SELECTs run when the test lets them, one at a time."""
+
+    ready = True
+
+    def __init__(self, files: ChunkFiles) -> None:
+        self.files = files
+        self.sent: list[tuple[ChunkTask, Future[ChunkSelected]]] = []
+
+    def submit(self, task: ChunkTask) -> Future[ChunkSelected]:
+        future: Future[ChunkSelected] = Future()
+        self.sent.append((task, future))
+        return future
+
+    def finish(self, index: int) -> None:
+        task, future = self.sent[index]
+        table, selected = run_task(task)
+        self.files.write(task.folder, table)
+        future.set_result(selected)
+
+    def close(self) -> None:
+        pass
+
+
+class HeldLog(FakeChangelogReader):
+    """The fake log, held back while ``held``: windows stay open."""
+
+    held = False
+
+    def read(self, max_items: int, timeout_s: float, wake: Wake | None = None) -> list[LogItem]:
+        return [] if self.held else super().read(max_items, timeout_s, wake)
+
+
+def test_the_next_chunk_selects_while_the_last_ones_window_closes_but_not_further_ahead(
+    fake_db: FakeDatabase, items: TableId, tmp_path: Path
+) -> None:
+    config = fake_config(fake_db, [items], tmp_path, chunk_size=3, parallelism=1)
+    store = MetadataStore(config.metadata_url)
+    reader = HeldLog(fake_db)
+    capture = MemoryCapture(config, store, FakeSource(fake_db.url), reader, [MemorySink()])
+    runner = GatedRunner(capture.files)
+    capture.runner.close()
+    capture.runner = capture.executor.runner = runner
+    plan_dump(config, store)
+    capture.step(timeout_s=0)
+    assert len(runner.sent) == 1
+    reader.held = True  # the high watermarks are written but not read back
+    runner.finish(0)
+    capture.step(timeout_s=0)
+    assert len(runner.sent) == 2  # the first one's window is still open
+    runner.finish(1)
+    for _ in range(3):
+        capture.step(timeout_s=0)
+    assert len(runner.sent) == 2  # two windows wait for the log: no third SELECT
+    reader.held = False
+    capture.step(timeout_s=0)
+    assert len(runner.sent) == 3  # both windows closed: the next chunk selects
     capture.close()
 
 
@@ -165,12 +247,13 @@ def test_the_chunk_size_of_the_controls_applies_from_the_next_cut(
     config, store, capture, _ = _capture(fake_db, items, tmp_path, chunk_size=3)
     held = _hold(capture)
     plan_dump(config, store)
-    capture.step(timeout_s=0)
-    store.set_controls(config.name, chunk_size=5, parallelism=2)
+    capture.step(timeout_s=0)  # starts (.., 2] and, while it runs, claims (2, 5] ahead
+    store.set_controls(config.name, chunk_size=5, parallelism=3)
     capture.step(timeout_s=0)
     assert [(t.lower, t.upper, t.limit) for t in held.tasks] == [
         (None, (2,), page_limit(3)),
-        ((2,), (7,), page_limit(5)),
+        ((2,), (5,), page_limit(5)),  # cut before the change
+        ((5,), (9,), page_limit(5)),
     ]
     capture.close()
 
