@@ -126,9 +126,11 @@ def test_dump_under_concurrent_writes_converges_across_a_crash(
     dumped = [e for e in sink.received if e.op == "r"]
     assert len(dumped) == progress.rows_emitted
 
+    # selected again: at most the chunks in flight at the crash, the SELECTs running, the
+    # windows waiting for their high watermark and the one claimed ahead
     attempts = [c.attempts for c in store.chunks(dump_id)]
     assert max(attempts) <= 2
-    assert sum(a - 1 for a in attempts) <= config.dump.parallelism
+    assert sum(a - 1 for a in attempts) <= 2 * config.dump.parallelism + 1
 
 
 SECRET = f"Pw-{uuid.uuid4().hex[:12]}-never-logged"

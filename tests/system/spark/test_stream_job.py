@@ -173,17 +173,18 @@ def test_live_controls_and_signals_reach_the_running_stream(
     assert dblog(["dump", "-c", c, "--all"]) == 0
     (dump,) = store.dumps(config.name)
 
-    def started() -> int:
-        return sum(ch.state != "pending" for ch in store.chunks(dump.id))
+    def started() -> set[int]:
+        return {ch.id for ch in store.chunks(dump.id) if ch.state != "pending"}
 
-    until("chunks to start", lambda: started() >= 3, 120, stream)
+    until("chunks to start", lambda: len(started()) >= 3, 120, stream)
     assert dblog(["pause", "-c", c, "--dump", str(dump.id)]) == 0
     paused_at = time.monotonic()
     time.sleep(3)  # what was claimed before the pause reached the stream may still start
     settled = started()
     settle_s = time.monotonic() - paused_at
     time.sleep(5)
-    assert started() == settled, "chunks kept starting after the pause"
+    # no other chunk starts; one claimed ahead of its start goes back to pending
+    assert started() <= settled, "chunks kept starting after the pause"
     assert store.progress(dump.id).state == "paused"
     assert settle_s < 5
 
