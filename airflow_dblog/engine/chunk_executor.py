@@ -117,7 +117,10 @@ class ChunkExecutor:
 
     def busy(self) -> int:
         """Chunks started and not closed: SELECTs in flight and windows open."""
-        return len(set(self._in_flight) | self.merge.open_ids())
+        return len(self._started())
+
+    def _started(self) -> set[int]:
+        return set(self._in_flight) | self.merge.open_ids()
 
     def has_room(self, parallelism: int) -> bool:
         """Whether another chunk may start: fewer than ``parallelism`` SELECTs run, and at
@@ -125,7 +128,7 @@ class ChunkExecutor:
         next chunk's SELECT runs while the last one's high watermark is written and read
         back, and a capture that falls behind the log holds the dump back."""
         selecting = {i for i, f in self._in_flight.items() if not f.future.done()}
-        waiting = (set(self._in_flight) | self.merge.open_ids()) - selecting
+        waiting = self._started() - selecting
         return len(selecting) < parallelism and len(waiting) <= parallelism
 
     def selects_ended(self) -> bool:

@@ -38,6 +38,13 @@ class ChunkRunner(Protocol):
     def close(self) -> None: ...
 
 
+def _select_into(files: ChunkFiles, task: ChunkTask) -> ChunkSelected:
+    table, selected = run_task(task)
+    if selected.error is None:
+        files.write(task.folder, table)
+    return selected
+
+
 class ThreadChunkRunner:
     """Driver threads, each with its own source connection."""
 
@@ -48,13 +55,7 @@ class ThreadChunkRunner:
         self._pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="dblog-chunk")
 
     def submit(self, task: ChunkTask) -> Future[ChunkSelected]:
-        return self._pool.submit(self._run, task)
-
-    def _run(self, task: ChunkTask) -> ChunkSelected:
-        table, selected = run_task(task)
-        if selected.error is None:
-            self.files.write(task.folder, table)
-        return selected
+        return self._pool.submit(_select_into, self.files, task)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -63,12 +64,8 @@ class ThreadChunkRunner:
 _worker_files: dict[str, ChunkFiles] = {}  # in a worker process: one per chunk location
 
 
-def _select_into(files: ChunkFiles, task: ChunkTask) -> ChunkSelected:
-    files = _worker_files.setdefault(files.location, files)  # its filesystem opened once
-    table, selected = run_task(task)
-    if selected.error is None:
-        files.write(task.folder, table)
-    return selected
+def _select_in_worker(files: ChunkFiles, task: ChunkTask) -> ChunkSelected:
+    return _select_into(_worker_files.setdefault(files.location, files), task)  # fs opened once
 
 
 def _exit_with(parent: int) -> None:
@@ -109,7 +106,7 @@ class ProcessChunkRunner:
         return self._pool.submit(_warm_up, source_kind, url)
 
     def submit(self, task: ChunkTask) -> Future[ChunkSelected]:
-        return self._pool.submit(_select_into, self.files, task)
+        return self._pool.submit(_select_in_worker, self.files, task)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
