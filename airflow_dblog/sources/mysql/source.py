@@ -44,6 +44,7 @@ from airflow_dblog.sources.mysql.connection import (
 from airflow_dblog.sources.mysql.dialect import DIALECT, quote_ident, quote_table
 from airflow_dblog.sources.mysql.key_values import coerce_value, expects
 from airflow_dblog.sources.mysql.schema import ColumnInfo, TableInfo
+from airflow_dblog.sources.mysql.text_values import CONVERSIONS
 from airflow_dblog.sources.sql import SqlSource
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,7 @@ class MysqlSource(SqlSource[Position]):
                 write_timeout=self._read_timeout,
                 init_command="SET time_zone = '+00:00'",
                 cursorclass=pymysql.cursors.Cursor,
+                conv=CONVERSIONS,
             )
         return self._conn
 
