@@ -119,7 +119,10 @@ def match_key(key: Sequence[Any]) -> str:
     rows are (a Spark task, the Kafka forwarder), not in the merge, so the comparison goes by
     this text: decimals normalised (``1.50`` is ``1.5``), aware times in UTC, bytes as hex.
     """
-    return json.dumps([_matchable(v) for v in key], separators=(",", ":"), ensure_ascii=False)
+    return _match_text([_matchable(v) for v in key])
+
+
+_match_text = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def _matchable(value: Any) -> Any:

@@ -132,8 +132,10 @@ def encode_rows(
     first: list[Any] | None = []
     last: Sequence[Any] | None = None
     for key, row in rows:
-        keys.append(encode_json([plain_value(v) for v in key]))
-        mkeys.append(match_key(key))
+        key_text = encode_json([plain_value(v) for v in key])
+        keys.append(key_text)
+        # an integer key's match text is its JSON text (the usual key, spared a second encode)
+        mkeys.append(key_text if all(type(v) is int for v in key) else match_key(key))
         afters.append(encode_json(plain_row(row)))
         first = span(first, key[0])
         last = key

@@ -97,6 +97,12 @@ def test_encode_rows_holds_the_texts_the_spool_and_kafka_would_hold() -> None:
     assert selected.error is None
 
 
+def test_integer_keys_get_the_match_text_match_key_gives() -> None:
+    keys: list[tuple[Any, ...]] = [(1,), (-5, 7), (2**70,), (True,), (3, decimal.Decimal("3.0"))]
+    table, _ = encode_rows(1, [(key, {"id": key[0]}) for key in keys])
+    assert table.column("mkey").to_pylist() == [match_key(key) for key in keys]
+
+
 def test_encode_rows_of_no_rows_is_an_empty_file_and_nothing_to_tell() -> None:
     table, selected = encode_rows(3, [])
     assert table.num_rows == 0 and table.schema == arrow_schema()
