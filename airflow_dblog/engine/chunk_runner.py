@@ -11,18 +11,21 @@ report the same :class:`~airflow_dblog.engine.chunk_file.ChunkSelected`.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
-import os
 import threading
-import time
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Protocol
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from typing import Any, Protocol, TypeVar
 
 from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkSelected, encode_rows, parquet_bytes
 from airflow_dblog.engine.chunk_task import ChunkTask, prepare, run_task
+from airflow_dblog.errors import DblogError
 
-MAX_THREADS = 16  # parallelism above this queues (it may be raised while a dump runs)
-PARENT_CHECK_S = 1.0
+MAX_WORKERS = 16  # parallelism above this queues (it may be raised while a dump runs)
+T = TypeVar("T")
 
 
 class ChunkRunner(Protocol):
@@ -52,7 +55,7 @@ class ThreadChunkRunner:
 
     def __init__(self, files: ChunkFiles) -> None:
         self.files = files
-        self._pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="dblog-chunk")
+        self._pool = ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="dblog-chunk")
 
     def submit(self, task: ChunkTask) -> Future[ChunkSelected]:
         return self._pool.submit(_select_into, self.files, task)
@@ -68,21 +71,142 @@ def _select_in_worker(files: ChunkFiles, task: ChunkTask) -> ChunkSelected:
     return _select_into(_worker_files.setdefault(files.location, files), task)  # fs opened once
 
 
-def _exit_with(parent: int) -> None:
-    """A worker's initializer: exit once the stream's process is gone (even by ``kill -9``,
-    which leaves a worker waiting for work forever, holding its source connection)."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_CHECK_S)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="dblog-parent-watch", daemon=True).start()
-
-
 def _warm_up(source_kind: str, url: str) -> None:
     prepare(source_kind, url)
     parquet_bytes(encode_rows(0, [])[0])
+
+
+def _serve(conn: Connection) -> None:
+    """A worker's loop: one call at a time, until the stream's end of the pipe closes. A
+    stream gone by ``kill -9`` closes it too, so no worker outlives it holding a connection."""
+    while True:
+        try:
+            call = conn.recv()
+        except (EOFError, OSError):
+            return
+        if call is None:  # the stream closed the pool
+            return
+        fn, args = call
+        try:
+            outcome: tuple[bool, Any] = (True, fn(*args))
+        except BaseException as err:  # it travels back to the caller's future
+            outcome = (False, err)
+        try:
+            conn.send(outcome)
+        except (BrokenPipeError, EOFError, OSError):
+            return
+        except Exception as err:  # a result or error that does not pickle
+            conn.send((False, DblogError(f"a chunk worker's answer did not pickle: {err}")))
+
+
+class _Worker:
+    def __init__(self, context: Any) -> None:
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=_serve, args=(child,), name="dblog-chunk-worker", daemon=True
+        )
+        self.process.start()
+        child.close()  # the worker's end lives in the worker only: its exit reads as EOF here
+        self.future: Future[Any] | None = None
+
+
+class WorkerPool:
+    """Spawned worker processes, one call at a time each, over a pipe apiece.
+
+    A worker is started only when none is free, and is free again before its caller's future
+    completes, so a caller that sends its next call from the future's callback reuses it: the
+    pool holds as many processes (and source connections) as calls ran at once, not more.
+    ``ProcessPoolExecutor`` started a new worker whenever its own bookkeeping lagged behind.
+    """
+
+    def __init__(self, limit: int = MAX_WORKERS) -> None:
+        self._context = multiprocessing.get_context("spawn")
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._queued: deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = deque()
+        self._workers: list[_Worker] = []
+        self._closed = False
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers if w.process.pid is not None]
+
+    def call(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``fn(*args)`` in a worker (``fn`` and ``args`` pickle; so must its answer)."""
+        future: Future[T] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the chunk worker pool is closed")
+            if self._idle:
+                worker = self._idle.pop()
+            elif len(self._workers) < self._limit:
+                worker = _Worker(self._context)
+                self._workers.append(worker)
+                threading.Thread(
+                    target=self._answers, args=(worker,), name="dblog-chunk-answers", daemon=True
+                ).start()
+            else:
+                self._queued.append((future, fn, args))
+                return future
+            self._send(worker, future, fn, args)
+        return future
+
+    @staticmethod
+    def _send(
+        worker: _Worker, future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]
+    ) -> None:
+        worker.future = future
+        worker.conn.send((fn, args))
+
+    def _answers(self, worker: _Worker) -> None:
+        """Per worker: complete each call's future, the worker freed first."""
+        while True:
+            try:
+                ok, value = worker.conn.recv()
+            except (EOFError, OSError):
+                self._lost(worker)
+                return
+            future, worker.future = worker.future, None
+            with self._lock:
+                if self._queued and not self._closed:
+                    self._send(worker, *self._queued.popleft())
+                else:
+                    self._idle.append(worker)
+            assert future is not None
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+    def _lost(self, worker: _Worker) -> None:
+        with self._lock:
+            self._workers.remove(worker)
+            if worker in self._idle:
+                self._idle.remove(worker)
+            closed = self._closed
+        worker.process.join(timeout=1)
+        if worker.future is not None and not closed:
+            worker.future.set_exception(
+                DblogError(
+                    f"chunk worker pid {worker.process.pid} exited (code"
+                    f" {worker.process.exitcode}) while selecting a chunk",
+                    "see the stream's log and the system's (out of memory?); a restarted stream"
+                    " selects the chunk again",
+                )
+            )
+
+    def close(self) -> None:
+        """Workers exit once their call ends; calls not started are cancelled."""
+        with self._lock:
+            self._closed = True
+            queued, self._queued = list(self._queued), deque()
+            workers = list(self._workers)
+        for future, _fn, _args in queued:
+            future.cancel()
+        for worker in workers:
+            with contextlib.suppress(OSError):
+                worker.conn.send(None)
 
 
 class ProcessChunkRunner:
@@ -95,21 +219,18 @@ class ProcessChunkRunner:
 
     def __init__(self, files: ChunkFiles) -> None:
         self.files = files
-        spawn = multiprocessing.get_context("spawn")
-        self._pool = ProcessPoolExecutor(
-            MAX_THREADS, mp_context=spawn, initializer=_exit_with, initargs=(os.getpid(),)
-        )
+        self._pool = WorkerPool()
 
     def warm_up(self, source_kind: str, url: str) -> Future[None]:
         """Start a worker, import what a chunk needs and open its connection now, not on the
         first chunk's clock."""
-        return self._pool.submit(_warm_up, source_kind, url)
+        return self._pool.call(_warm_up, source_kind, url)
 
     def submit(self, task: ChunkTask) -> Future[ChunkSelected]:
-        return self._pool.submit(_select_in_worker, self.files, task)
+        return self._pool.call(_select_in_worker, self.files, task)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.close()
 
 
 class LateRunner:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.accumulators import AccumulatorParam
 
 from airflow_dblog.engine.chunk_file import SPARK_DDL, ChunkFiles, ChunkSelected, encode_rows
-from airflow_dblog.engine.chunk_runner import MAX_THREADS
+from airflow_dblog.engine.chunk_runner import MAX_WORKERS
 from airflow_dblog.engine.chunk_task import ChunkTask, prepare, run_task
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class SparkChunkRunner:
 
     def __init__(self, spark: SparkSession, files: ChunkFiles) -> None:
         self.spark, self.files = spark, files
-        self._pool = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="dblog-chunk")
+        self._pool = ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="dblog-chunk")
 
     def submit(self, task: ChunkTask) -> Future[ChunkSelected]:
         return self._pool.submit(self._run, task)
