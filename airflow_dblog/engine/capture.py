@@ -227,20 +227,19 @@ class Capture:
         closed: Sequence[dict[str, Any]],
         source_ts_ms: int | None = None,
     ) -> None:
-        """The sinks hold the batch: save where the log stands, then complete its chunks.
+        """The sinks hold the batch: where the log stands and its chunks done, in one write.
 
         ``source_ts_ms``: the source time that position stands for (:attr:`source_ts_ms`).
         """
-        self.store.save_stream_state(
+        self.store.record_commit(
             self.config.name,
+            closed,
             source_offset=source_offset,
             position=position,
             heartbeat_at=utcnow(),
             **({"last_event_at": utcnow()} if had_events else {}),
             **({"source_ts_ms": source_ts_ms} if source_ts_ms is not None else {}),
         )
-        for c in closed:
-            self.store.complete_chunk(c["chunk_id"], c["selected"], c["dropped"], c["emitted"])
 
     def _start_chunks(self) -> int:
         """Run chunks up to the parallelism, honouring the delay between chunks."""

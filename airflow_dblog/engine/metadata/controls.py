@@ -3,7 +3,10 @@ state (reader position, heartbeat, leader)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+from sqlalchemy.orm import Session
 
 from airflow_dblog.config import DumpSettings
 from airflow_dblog.engine.metadata.database import MetadataDatabase, locked_stream_row, utcnow
@@ -59,6 +62,10 @@ class ControlsAndStreamState(MetadataDatabase):
 
     def save_stream_state(self, stream: str, **values: Any) -> None:
         with self.session() as s:
-            row = locked_stream_row(s, stream)
-            for key, value in values.items():
-                setattr(row, key, value)
+            self._save_state(s, stream, values)
+
+    @staticmethod
+    def _save_state(s: Session, stream: str, values: Mapping[str, Any]) -> None:
+        row = locked_stream_row(s, stream)
+        for key, value in values.items():
+            setattr(row, key, value)

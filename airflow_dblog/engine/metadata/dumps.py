@@ -485,14 +485,19 @@ class DumpsAndChunks(MetadataDatabase):
     def complete_chunk(self, chunk_id: int, selected: int, dropped: int, emitted: int) -> None:
         """Record a chunk every sink has committed; finish its dump if it was the last one."""
         with self.session() as s:
-            chunk = _get_chunk(s, chunk_id)
-            if chunk.state in ("done", "cancelled"):
-                return
-            now = utcnow()
-            chunk.state, chunk.finished_at = "done", now
-            chunk.rows_selected, chunk.rows_dropped, chunk.rows_emitted = selected, dropped, emitted
-            s.flush()
-            self._finish_if_complete(s, chunk.dump_id, now)
+            self._complete(s, chunk_id, selected, dropped, emitted)
+
+    def _complete(
+        self, s: Session, chunk_id: int, selected: int, dropped: int, emitted: int
+    ) -> None:
+        chunk = _get_chunk(s, chunk_id)
+        if chunk.state in ("done", "cancelled"):
+            return
+        now = utcnow()
+        chunk.state, chunk.finished_at = "done", now
+        chunk.rows_selected, chunk.rows_dropped, chunk.rows_emitted = selected, dropped, emitted
+        s.flush()
+        self._finish_if_complete(s, chunk.dump_id, now)
 
     def _finish_if_complete(self, s: Session, dump_id: int, now: datetime) -> None:
         dump = s.get(Dump, dump_id, with_for_update=True)

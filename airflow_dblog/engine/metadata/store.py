@@ -10,6 +10,9 @@ fencing), :mod:`~airflow_dblog.engine.metadata.dumps` (dumps and chunks) and
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from airflow_dblog.engine.metadata.controls import ControlsAndStreamState
 from airflow_dblog.engine.metadata.dumps import DumpsAndChunks
 
@@ -22,3 +25,12 @@ class MetadataStore(DumpsAndChunks, ControlsAndStreamState):
     stream's row: a new leader's :meth:`take_lead` waits for those transactions, and every later
     one of the old leader fails.
     """
+
+    def record_commit(self, stream: str, closed: Sequence[Mapping[str, int]], **state: Any) -> None:
+        """The sinks hold a batch: where the stream stands and the chunks the batch closed
+        (``chunk_id``, ``selected``, ``dropped``, ``emitted``), in one transaction, so a commit
+        is one write to the metadata database however many chunks it closed."""
+        with self.session() as s:
+            self._save_state(s, stream, state)
+            for c in closed:
+                self._complete(s, c["chunk_id"], c["selected"], c["dropped"], c["emitted"])

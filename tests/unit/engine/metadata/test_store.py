@@ -156,6 +156,41 @@ def test_range_chunks_are_cut_from_the_cursor_and_finish_the_dump(store: Metadat
     assert progress.percent == 100.0
 
 
+def test_a_commit_saves_the_stream_state_and_completes_its_chunks_together(
+    store: MetadataStore,
+) -> None:
+    dump_id = _bounded_dump(store, "app.t", ["id"], [20], 20, chunk_size=10)
+    table = store.dump_tables(dump_id)[0]
+    first = store.cut_range_chunk(table.id, None, [10], "w")
+    last = store.cut_range_chunk(table.id, [10], None, "w")
+    assert first is not None and last is not None
+    closed = [
+        {"chunk_id": first.id, "selected": 10, "dropped": 1, "emitted": 9},
+        {"chunk_id": last.id, "selected": 10, "dropped": 0, "emitted": 10},
+    ]
+    store.record_commit("s", closed, position="p1")
+    progress = store.progress(dump_id)
+    assert (progress.state, progress.chunks_done, progress.rows_emitted) == ("done", 2, 19)
+    state = store.stream_state("s")
+    assert state is not None and state.position == "p1"
+
+
+def test_a_fenced_commit_writes_neither_state_nor_chunks(store: MetadataStore) -> None:
+    old = MetadataStore(store.url, upgrade=False)
+    old.take_lead(Fence("s", 7), "host-a")
+    dump_id = _bounded_dump(store, "app.t", ["id"], [10], 10)
+    chunk = old.cut_range_chunk(store.dump_tables(dump_id)[0].id, None, None, "a")
+    assert chunk is not None
+    store.take_lead(Fence("s", 9), "host-b")
+    closed = [{"chunk_id": chunk.id, "selected": 10, "dropped": 0, "emitted": 10}]
+    with pytest.raises(FencedError):
+        old.record_commit("s", closed, position="stale")
+    assert store.chunk(chunk.id).state == "running"
+    state = store.stream_state("s")
+    assert state is not None and state.position is None
+    old.engine.dispose()
+
+
 def test_key_list_chunks_and_requeue_after_restart(store: MetadataStore) -> None:
     dump_id = store.create_dump(
         "s", "keys", [TablePlan("app.t", ["id"], 2, key_chunks=[[[1], [2]], [[5]]])]
