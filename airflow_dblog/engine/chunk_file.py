@@ -162,7 +162,8 @@ def parquet_bytes(table: pa.Table) -> bytes:
     import pyarrow.parquet as pq
 
     out = io.BytesIO()
-    pq.write_table(table, out, compression="zstd")
+    # every text is distinct (keys, row images): a dictionary page costs time and bytes
+    pq.write_table(table, out, compression="zstd", use_dictionary=False)
     return out.getvalue()
 
 
