@@ -30,6 +30,7 @@ from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRows, ChunkSelected
 from airflow_dblog.engine.chunk_runner import ChunkRunner
 from airflow_dblog.engine.chunk_task import ChunkTask, error_of
 from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.metadata.dumps import Claimable
 from airflow_dblog.engine.metadata.models import Chunk, DumpTable
 from airflow_dblog.errors import DblogError, FencedError, MetadataError, SourceError
 from airflow_dblog.sources.base import Key, Source, TableSchema, Wake
@@ -146,14 +147,14 @@ class ChunkExecutor:
             if self.store.dump(ahead.dump_id).state in ("pending", "running"):
                 return ahead
             self.store.requeue_chunk(ahead.id)  # paused meanwhile (a cancel cancelled it)
-        dumps = self.store.runnable_dumps(self.stream)
+        dumps = self.store.claimable(self.stream)
         if not dumps:
             return None  # the common case between dumps: one query per step, no more
-        for dump in dumps:
+        for claimable in dumps:
             try:
-                chunk = self._claim_in(dump.id, chunk_size)
+                chunk = self._claim_in(claimable, chunk_size)
             except DblogError as err:
-                self._fail_if_own(dump.id, "cutting its next chunk", err)
+                self._fail_if_own(claimable.dump.id, "cutting its next chunk", err)
                 continue
             if chunk is not None:
                 return chunk
@@ -168,11 +169,12 @@ class ChunkExecutor:
             self._ahead = self.claim(chunk_size)
         return self._ahead is not None
 
-    def _claim_in(self, dump_id: int, chunk_size: int) -> Chunk | None:
-        chunk = self.store.claim_pending_chunk(dump_id, self.worker)
-        if chunk is not None:
-            return chunk
-        for table in self.store.dump_tables(dump_id):
+    def _claim_in(self, claimable: Claimable, chunk_size: int) -> Chunk | None:
+        if claimable.pending:
+            chunk = self.store.claim_pending_chunk(claimable.dump.id, self.worker)
+            if chunk is not None:
+                return chunk
+        for table in claimable.tables:
             if not table.bounded:
                 table = self._read_bound(table)
             if table.exhausted:

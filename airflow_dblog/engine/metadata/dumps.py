@@ -133,6 +133,16 @@ def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat() + "Z"
 
 
+@dataclass(frozen=True)
+class Claimable:
+    """A dump that may hand out chunks now, and where they come from: chunks waiting with
+    bounds or keys (``pending``: key lists, requeued or split chunks), else its tables' cursors."""
+
+    dump: Dump
+    pending: bool
+    tables: list[DumpTable]
+
+
 class DumpsAndChunks(MetadataDatabase):
     """Creating, reading and controlling dumps (Airflow, the CLI); claiming, cutting and
     completing their chunks (the streaming job)."""
@@ -310,9 +320,33 @@ class DumpsAndChunks(MetadataDatabase):
 
     # -- chunks (the streaming job's side) --------------------------------------------------
 
-    def runnable_dumps(self, stream: str) -> list[Dump]:
-        """Dumps that may hand out chunks now, oldest first; paused ones wait."""
-        return self.dumps(stream, ("pending", "running"))
+    def claimable(self, stream: str) -> list[Claimable]:
+        """Dumps that may hand out chunks now, oldest first (paused ones wait), with what to
+        claim from each: one read per claim, however a chunk is then taken."""
+        with self.session(writes=False) as s:
+            dumps = list(
+                s.scalars(
+                    select(Dump)
+                    .where(Dump.stream == stream, Dump.state.in_(("pending", "running")))
+                    .order_by(Dump.id)
+                )
+            )
+            if not dumps:
+                return []
+            ids = [d.id for d in dumps]
+            pending = set(
+                s.scalars(
+                    select(Chunk.dump_id)
+                    .where(Chunk.dump_id.in_(ids), Chunk.state == "pending")
+                    .distinct()
+                )
+            )
+            tables: dict[int, list[DumpTable]] = {}
+            for table in s.scalars(
+                select(DumpTable).where(DumpTable.dump_id.in_(ids)).order_by(DumpTable.id)
+            ):
+                tables.setdefault(table.dump_id, []).append(table)
+        return [Claimable(d, d.id in pending, tables.get(d.id, [])) for d in dumps]
 
     def claim_pending_chunk(self, dump_id: int, worker: str) -> Chunk | None:
         """Take a chunk that already has bounds or keys (key lists, requeued chunks)."""
@@ -361,9 +395,8 @@ class DumpsAndChunks(MetadataDatabase):
                 table.dump_id, table.table_name, seq or 0, lower=table.cursor, upper=upper
             )
             table.cursor, table.exhausted = upper, last
+            self._start(s, chunk, worker)  # inserted running, in the commit's one flush
             s.add(chunk)
-            s.flush()
-            self._start(s, chunk, worker)
             return chunk
 
     def set_table_bound(
@@ -485,19 +518,34 @@ class DumpsAndChunks(MetadataDatabase):
     def complete_chunk(self, chunk_id: int, selected: int, dropped: int, emitted: int) -> None:
         """Record a chunk every sink has committed; finish its dump if it was the last one."""
         with self.session() as s:
-            self._complete(s, chunk_id, selected, dropped, emitted)
+            self._complete(s, [(chunk_id, selected, dropped, emitted)])
 
-    def _complete(
-        self, s: Session, chunk_id: int, selected: int, dropped: int, emitted: int
-    ) -> None:
-        chunk = _get_chunk(s, chunk_id)
-        if chunk.state in ("done", "cancelled"):
+    def _complete(self, s: Session, closed: Sequence[tuple[int, int, int, int]]) -> None:
+        """Chunks done (id, rows selected, dropped, emitted), each dump finished if complete:
+        the chunks read in one statement and their dumps checked once each."""
+        if not closed:
             return
+        ids = [c[0] for c in closed]
+        chunks = {
+            c.id: c
+            for c in s.scalars(
+                select(Chunk).where(Chunk.id.in_(ids)).order_by(Chunk.id).with_for_update()
+            )
+        }
         now = utcnow()
-        chunk.state, chunk.finished_at = "done", now
-        chunk.rows_selected, chunk.rows_dropped, chunk.rows_emitted = selected, dropped, emitted
+        dump_ids: set[int] = set()
+        for chunk_id, selected, dropped, emitted in closed:
+            chunk = chunks.get(chunk_id)
+            if chunk is None:
+                raise MetadataError(f"no chunk with id {chunk_id}")
+            if chunk.state in ("done", "cancelled"):
+                continue
+            chunk.state, chunk.finished_at = "done", now
+            chunk.rows_selected, chunk.rows_dropped, chunk.rows_emitted = selected, dropped, emitted
+            dump_ids.add(chunk.dump_id)
         s.flush()
-        self._finish_if_complete(s, chunk.dump_id, now)
+        for dump_id in sorted(dump_ids):
+            self._finish_if_complete(s, dump_id, now)
 
     def _finish_if_complete(self, s: Session, dump_id: int, now: datetime) -> None:
         dump = s.get(Dump, dump_id, with_for_update=True)

@@ -32,5 +32,6 @@ class MetadataStore(DumpsAndChunks, ControlsAndStreamState):
         is one write to the metadata database however many chunks it closed."""
         with self.session() as s:
             self._save_state(s, stream, state)
-            for c in closed:
-                self._complete(s, c["chunk_id"], c["selected"], c["dropped"], c["emitted"])
+            self._complete(
+                s, [(c["chunk_id"], c["selected"], c["dropped"], c["emitted"]) for c in closed]
+            )

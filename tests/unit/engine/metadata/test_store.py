@@ -204,10 +204,25 @@ def test_key_list_chunks_and_requeue_after_restart(store: MetadataStore) -> None
     assert again is not None and again.id == chunk.id and again.attempts == 2
 
 
+def test_claimable_dumps_say_whether_chunks_wait_and_which_tables_to_cut(
+    store: MetadataStore,
+) -> None:
+    ranged = _bounded_dump(store, "app.t", ["id"], [100], 100)
+    keyed = store.create_dump("s", "keys", [TablePlan("app.u", ["id"], 1, key_chunks=[[[7]]])])
+    found = store.claimable("s")
+    assert [(c.dump.id, c.pending) for c in found] == [(ranged, False), (keyed, True)]
+    assert [t.table_name for t in found[0].tables] == ["app.t"]
+    chunk = store.claim_pending_chunk(keyed, "w")
+    assert chunk is not None
+    assert [c.pending for c in store.claimable("s")] == [False, False]
+    store.requeue_chunk(chunk.id)
+    assert [c.pending for c in store.claimable("s")] == [False, True]
+
+
 def test_pause_resume_cancel_state_machine(store: MetadataStore) -> None:
     dump_id = _bounded_dump(store, "app.t", ["id"], [100], 100)
     assert store.apply(dump_id, "pause").state == "paused"
-    assert store.runnable_dumps("s") == []
+    assert store.claimable("s") == []
     assert store.apply(dump_id, "resume").state == "pending"  # never started
     with pytest.raises(MetadataError, match=r"cannot resume dump \d+: it is pending"):
         store.apply(dump_id, "resume")
