@@ -351,7 +351,8 @@ class DumpsAndChunks(MetadataDatabase):
     def claim_pending_chunk(self, dump_id: int, worker: str) -> Chunk | None:
         """Take a chunk that already has bounds or keys (key lists, requeued chunks)."""
         with self.session() as s:
-            if self._lock_active_dump(s, dump_id) is None:
+            dump = self._lock_active_dump(s, dump_id)
+            if dump is None:
                 return None
             chunk = s.scalars(
                 select(Chunk)
@@ -362,7 +363,7 @@ class DumpsAndChunks(MetadataDatabase):
             ).first()
             if chunk is None:
                 return None
-            self._start(s, chunk, worker)
+            self._start(chunk, dump, worker)
             return chunk
 
     def cut_range_chunk(
@@ -379,7 +380,8 @@ class DumpsAndChunks(MetadataDatabase):
         """
         with self.session() as s:
             dump_id = s.scalar(select(DumpTable.dump_id).where(DumpTable.id == dump_table_id))
-            if dump_id is None or self._lock_active_dump(s, dump_id) is None:
+            dump = None if dump_id is None else self._lock_active_dump(s, dump_id)
+            if dump is None:
                 return None
             table = s.get(DumpTable, dump_table_id, with_for_update=True)
             if table is None or table.exhausted or table.cursor != expected_cursor:
@@ -395,7 +397,7 @@ class DumpsAndChunks(MetadataDatabase):
                 table.dump_id, table.table_name, seq or 0, lower=table.cursor, upper=upper
             )
             table.cursor, table.exhausted = upper, last
-            self._start(s, chunk, worker)  # inserted running, in the commit's one flush
+            self._start(chunk, dump, worker)  # inserted running, in the commit's one flush
             s.add(chunk)
             return chunk
 
@@ -446,12 +448,11 @@ class DumpsAndChunks(MetadataDatabase):
         dump = s.get(Dump, dump_id, with_for_update=True)
         return dump if dump is not None and dump.state in ("pending", "running") else None
 
-    def _start(self, s: Session, chunk: Chunk, worker: str) -> None:
+    @staticmethod
+    def _start(chunk: Chunk, dump: Dump, worker: str) -> None:
         now = utcnow()
         chunk.state, chunk.claimed_by, chunk.started_at = "running", worker, now
         chunk.attempts += 1
-        dump = s.get(Dump, chunk.dump_id)
-        assert dump is not None
         if dump.state == "pending":
             dump.state, dump.started_at = "running", now
         dump.updated_at = now
