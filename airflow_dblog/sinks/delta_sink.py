@@ -37,6 +37,7 @@ from airflow_dblog.engine.event_text import encode_json
 from airflow_dblog.engine.spool import DumpSpan
 from airflow_dblog.errors import DblogError, FencedError
 from airflow_dblog.sinks.base import Comparison, ExtraKeys
+from airflow_dblog.sinks.hadoop_folders import remove_unless_holding
 from airflow_dblog.sources.base import Column, TableSchema
 
 if TYPE_CHECKING:
@@ -626,7 +627,11 @@ class DeltaSink:
         path = self.table_path(table)
         if DeltaTable.isDeltaTable(self.spark, path):
             return DeltaTable.forPath(self.spark, path)
-        self._clear_uncommitted_log(path)
+        # a kill during the table's creation leaves a log without a commit (Delta 4 makes
+        # _staged_commits first), and Delta then neither reads nor creates the table
+        remove_unless_holding(
+            self.spark, f"{path}/_delta_log", _VERSION_FILE, "a Delta log without commits"
+        )
         schema = self.schemas[table]
         columns = [T.StructField(c.name, spark_type(c), nullable=True) for c in schema.columns] + [
             T.StructField("_dblog_position", T.StringType(), False),
@@ -644,20 +649,6 @@ class DeltaSink:
             .property("delta.enableDeletionVectors", str(self.config.deletion_vectors).lower())
             .execute()
         )
-
-    def _clear_uncommitted_log(self, path: str) -> None:
-        """Remove a ``_delta_log`` that holds no commit: a kill during the table's creation
-        leaves one (Delta 4 makes ``_staged_commits`` first), and Delta then neither reads nor
-        creates the table. Without a commit or checkpoint in it, it holds nothing."""
-        jvm = self.spark._jvm  # type: ignore[attr-defined]
-        log_dir = jvm.org.apache.hadoop.fs.Path(f"{path}/_delta_log")
-        fs = log_dir.getFileSystem(self.spark._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
-        if not fs.exists(log_dir):
-            return
-        names = [status.getPath().getName() for status in fs.listStatus(log_dir)]
-        if not any(_VERSION_FILE.match(name) for name in names):
-            log.warning("%s: removing a Delta log without commits (%s)", path, ", ".join(names))
-            fs.delete(log_dir, True)
 
     def extra_keys(self, refs: Sequence[ChunkRef], files: ChunkFiles) -> ExtraKeys:
         """The keys Delta holds that closed range chunks found the source lacking, per table and

@@ -54,6 +54,7 @@ from airflow_dblog.engine.spool_store import S3_ENDPOINT, join
 from airflow_dblog.errors import DblogError
 from airflow_dblog.sinks.base import ReadBack, Sink
 from airflow_dblog.sinks.delta_sink import DeltaSink, FrameBatch, dumped_rows
+from airflow_dblog.sinks.hadoop_folders import remove_unless_holding
 from airflow_dblog.sinks.kafka_forwarder import KafkaForwarder
 from airflow_dblog.sinks.kafka_sink import KafkaSink
 from airflow_dblog.sinks.lake_checks import LakeChecks
@@ -71,7 +72,7 @@ log = logging.getLogger(__name__)
 DELTA_TRIGGER = "1 second"
 QUERY_STARTS = 3  # Delta's query is started again twice after a Python worker's slow start
 _SLOW_PYTHON_WORKER = "Python worker failed to connect back"
-_BATCH_FILE = re.compile(r"\d+")  # offsets/<batch id>; Spark's temporary files start with a dot
+_BATCH_FILE = re.compile(r"\d+$")  # offsets/<batch id>; Spark's temporary files start with a dot
 FORWARDED_IN_MEMORY = 50_000  # events of the newest segments (~30 MB); older ones: from disk
 _DEFAULT_MASTER = object()
 
@@ -346,19 +347,9 @@ def clear_unrecorded_offsets(spark: Any, checkpoint: str) -> None:
     Spark writes a batch's offsets to a hidden temporary file and then renames it; a kill
     between the two leaves the temporary file and no batch. With no batch recorded, Spark takes
     the checkpoint for a new query's and refuses to start unless ``offsets`` is empty, so the
-    stream could never start again. Without a batch file, ``offsets`` holds nothing the query
-    needs; once one batch is recorded, nothing here is touched.
+    stream could never start again. Once one batch is recorded, nothing here is touched.
     """
-    offsets = spark._jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/offsets")
-    fs = offsets.getFileSystem(spark._jsc.hadoopConfiguration())
-    if not fs.exists(offsets):
-        return
-    names = [status.getPath().getName() for status in fs.listStatus(offsets)]
-    if names and not any(_BATCH_FILE.fullmatch(name) for name in names):
-        log.warning(
-            "%s/offsets: removing an interrupted first write (%s)", checkpoint, ", ".join(names)
-        )
-        fs.delete(offsets, True)  # as the Delta sink's log without commits: Spark makes it again
+    remove_unless_holding(spark, f"{checkpoint}/offsets", _BATCH_FILE, "an interrupted first write")
 
 
 def _stop_threads(threads: Sequence[Worker]) -> None:
