@@ -323,6 +323,12 @@ class DeltaSink:
     def table_path(self, table: TableId) -> str:
         return table_path(self.config, table)
 
+    def create_tables(self) -> None:
+        """Create the captured tables Delta lacks, when the stream starts: a table exists
+        (empty) once the stream runs, and its first dump's batch does not pay for creating it."""
+        for table in self.schemas:
+            self._table(table)
+
     def txn_version(self, segment: int) -> int:
         """The batch's idempotence id: above every version a leader of an older token wrote."""
         if not 0 <= segment < 1 << SEGMENT_BITS:

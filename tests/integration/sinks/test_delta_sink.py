@@ -186,6 +186,15 @@ def test_the_first_batch_into_a_new_table_is_an_append_with_the_merges_result(
     assert (state[1]["qty"], state[3]["qty"], state[3]["_dblog_deleted"]) == (6, 8, False)
 
 
+def test_the_stream_start_creates_each_captured_table_empty_once(sink: DeltaSink) -> None:
+    sink.create_tables()
+    assert _state(sink) == {} and _version(sink) == 0
+    sink.create_tables()
+    assert _version(sink) == 0
+    _write(sink, 1, [_event("c", 1, 5, 10)])
+    assert _state(sink)[1]["qty"] == 5
+
+
 def test_a_table_whose_creation_was_killed_before_its_first_commit_is_created(
     sink: DeltaSink,
 ) -> None:
