@@ -138,6 +138,13 @@ class WorkerPool:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the chunk worker pool is closed")
+            self._queued.append((future, fn, args))
+            self._dispatch()
+        return future
+
+    def _dispatch(self) -> None:
+        """Under the lock: hand waiting calls to free workers, starting one when none is."""
+        while self._queued:
             if self._idle:
                 worker = self._idle.pop()
             elif len(self._workers) < self._limit:
@@ -147,17 +154,14 @@ class WorkerPool:
                     target=self._answers, args=(worker,), name="dblog-chunk-answers", daemon=True
                 ).start()
             else:
-                self._queued.append((future, fn, args))
-                return future
-            self._send(worker, future, fn, args)
-        return future
-
-    @staticmethod
-    def _send(
-        worker: _Worker, future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]
-    ) -> None:
-        worker.future = future
-        worker.conn.send((fn, args))
+                return
+            future, fn, args = self._queued.popleft()
+            if not future.set_running_or_notify_cancel():  # cancelled while it waited
+                self._idle.append(worker)
+                continue
+            worker.future = future
+            with contextlib.suppress(OSError):  # a worker gone: its answers thread fails the call
+                worker.conn.send((fn, args))
 
     def _answers(self, worker: _Worker) -> None:
         """Per worker: complete each call's future, the worker freed first."""
@@ -167,12 +171,11 @@ class WorkerPool:
             except (EOFError, OSError):
                 self._lost(worker)
                 return
-            future, worker.future = worker.future, None
             with self._lock:
-                if self._queued and not self._closed:
-                    self._send(worker, *self._queued.popleft())
-                else:
-                    self._idle.append(worker)
+                future, worker.future = worker.future, None
+                self._idle.append(worker)
+                if not self._closed:
+                    self._dispatch()
             assert future is not None
             if ok:
                 future.set_result(value)
@@ -184,9 +187,10 @@ class WorkerPool:
             self._workers.remove(worker)
             if worker in self._idle:
                 self._idle.remove(worker)
-            closed = self._closed
+            if not self._closed:
+                self._dispatch()  # a call waiting for a free worker gets a new one
         worker.process.join(timeout=1)
-        if worker.future is not None and not closed:
+        if worker.future is not None:
             worker.future.set_exception(
                 DblogError(
                     f"chunk worker pid {worker.process.pid} exited (code"

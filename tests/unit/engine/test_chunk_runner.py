@@ -71,6 +71,28 @@ def test_calls_at_once_get_a_worker_each_up_to_the_limit_then_queue(pool: Worker
     assert sorted(pool.pids) == sorted(set(pids))
 
 
+def test_a_call_cancelled_while_it_waits_never_runs(pool: WorkerPool) -> None:
+    busy = [pool.call(_pid_after, 1.0) for _ in range(2)]
+    waiting = pool.call(_pid_after, 0)
+    assert waiting.cancel()
+    after = pool.call(_pid_after, 0)
+    wait([*busy, after], timeout=60)
+    assert waiting.cancelled() and after.result() in pool.pids
+    assert len(pool.pids) == 2
+
+
+def test_a_call_waiting_when_its_worker_dies_gets_a_new_one(pool: WorkerPool) -> None:
+    first, second = (pool.call(_pid_after, 30) for _ in range(2))
+    waiting = pool.call(_pid_after, 0)
+    time.sleep(1.0)
+    for pid in pool.pids:
+        os.kill(pid, signal.SIGKILL)
+    for dead in (first, second):
+        with pytest.raises(DblogError, match="exited"):
+            dead.result(timeout=10)
+    assert waiting.result(timeout=60) in pool.pids
+
+
 def test_an_error_in_the_worker_comes_back_on_the_future(pool: WorkerPool) -> None:
     with pytest.raises(ValueError, match="no such chunk"):
         pool.call(_fail).result(timeout=60)
