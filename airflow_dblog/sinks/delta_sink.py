@@ -398,8 +398,11 @@ class DeltaSink:
                 # a one-column key's lower bound is the last chunk's upper: not in the span
                 if self._holds_in(table, target, covered, len(schema.key) == 1):
                     self._merge(self._dump_app_id, version, table, rows, dump, target)
-                else:
-                    self._merge(self._dump_app_id, version, table, rows, dump, target, append=True)
+                else:  # disjoint ranges, each key selected once: no newest-per-key to find
+                    self._merge(
+                        self._dump_app_id, version, table, rows, dump, target, append=True,
+                        one_per_key=True,
+                    )  # fmt: skip
                     self._unheld_chunks.update(sole.chunk_ids)
             elif name not in batch.logged:
                 self._merge(self._dump_app_id, version, table, rows, dump, target, probe=True)
@@ -463,6 +466,7 @@ class DeltaSink:
         *,
         probe: bool = False,
         append: bool = False,
+        one_per_key: bool = False,
     ) -> None:
         """One guarded MERGE of the newest event of each key.
 
@@ -472,12 +476,14 @@ class DeltaSink:
         Delta holds no row in ``bounds`` (``probe``: looked for first, as in a first dump), or
         with ``append`` (the caller looked) the rows are appended: nothing there to match, so
         that is the MERGE's result, at a fraction of its cost. ``target``: the table as the
-        caller looked it up (else it is looked up here).
+        caller looked it up (else it is looked up here). ``one_per_key``: the caller knows no
+        key comes twice (one dump's range chunks), so the newest-per-key pass, a shuffle and a
+        sort of the batch, is left out.
         """
         from pyspark.sql import functions as F
 
         schema = self.schemas[table]
-        rows = self._latest(events).select(
+        rows = (events if one_per_key else self._latest(events)).select(
             *self._columns(schema, events), F.col("unavailable").alias("_unavailable")
         )
         target = self._table(table) if target is None else target
