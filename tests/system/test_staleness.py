@@ -113,8 +113,8 @@ class Run:
         )
         chunks = self.store.chunks(self.dump_id) if self.dump_id else []
         states = dict(Counter(c.state for c in chunks))
-        if point == "first-commit":
-            assert version < 0, f"killed too late: Delta is at version {version}"
+        if point == "first-commit":  # version 0: the table the stream created at its start
+            assert version <= 0, f"killed too late: Delta is at version {version}"
         self.start()
         return f"{point}: Delta v{version}, chunks {states}"
 

@@ -28,7 +28,7 @@ from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.errors import MetadataError
 from airflow_dblog.sinks.delta_sink import SEGMENT_BITS
 from airflow_dblog.spark.stream_job import BatchCommitter, DeltaQuery
-from tests.support.oracle import check_outputs, delta_path, delta_rows
+from tests.support.oracle import check_outputs, delta_path, delta_rows, delta_version
 from tests.support.services import restart_local_service
 from tests.support.stream_process import Stream, until, write_config
 from tests.support.workload import Db, db_for, load, source_rows, writers
@@ -53,8 +53,8 @@ def _live_stream(
 
 
 def _until_first_changes_in_delta(config: Config, db: Db, stream: Stream) -> None:
-    log = Path(delta_path(config, db.table())) / "_delta_log"
-    until("the writers' first changes in Delta", log.exists, 180, stream)
+    path = delta_path(config, db.table())  # version 0: the table created at the stream's start
+    until("the writers' first changes in Delta", lambda: delta_version(path) > 0, 180, stream)
 
 
 def _until_done_restarting_once(
