@@ -230,10 +230,7 @@ class DumpsAndChunks(MetadataDatabase):
 
     def dumps(self, stream: str, states: Sequence[str] | None = None) -> list[Dump]:
         with self.session(writes=False) as s:
-            query = select(Dump).where(Dump.stream == stream).order_by(Dump.id)
-            if states:
-                query = query.where(Dump.state.in_(states))
-            return list(s.scalars(query))
+            return _dumps(s, stream, states)
 
     def dump_tables(self, dump_id: int) -> list[DumpTable]:
         with self.session(writes=False) as s:
@@ -324,13 +321,7 @@ class DumpsAndChunks(MetadataDatabase):
         """Dumps that may hand out chunks now, oldest first (paused ones wait), with what to
         claim from each: one read per claim, however a chunk is then taken."""
         with self.session(writes=False) as s:
-            dumps = list(
-                s.scalars(
-                    select(Dump)
-                    .where(Dump.stream == stream, Dump.state.in_(("pending", "running")))
-                    .order_by(Dump.id)
-                )
-            )
+            dumps = _dumps(s, stream, ("pending", "running"))
             if not dumps:
                 return []
             ids = [d.id for d in dumps]
@@ -671,6 +662,14 @@ def _add_dump(
 def _report(mode: str, chunks: Sequence[Chunk]) -> VerifyReport:
     verdicts = [(c.table_name, ChunkVerdict.from_record(c.verified)) for c in chunks if c.verified]
     return VerifyReport.of(mode, verdicts)
+
+
+def _dumps(s: Session, stream: str, states: Sequence[str] | None) -> list[Dump]:
+    """The stream's dumps, oldest first (in ``states`` only, when given)."""
+    query = select(Dump).where(Dump.stream == stream).order_by(Dump.id)
+    if states:
+        query = query.where(Dump.state.in_(states))
+    return list(s.scalars(query))
 
 
 def _get_chunk(s: Session, chunk_id: int) -> Chunk:
