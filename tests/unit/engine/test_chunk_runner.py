@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, wait
 
+import psutil
 import pytest
 
 from airflow_dblog.engine.chunk_runner import WorkerPool
@@ -36,12 +37,10 @@ def _gone(pid: int, within_s: float = 10) -> bool:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        with open(f"/proc/{pid}/stat") as stat:  # a zombie not reaped yet is gone too
-            if stat.read().split(")")[-1].split()[0] == "Z":
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:  # exited, not reaped yet
                 return True
+        except psutil.NoSuchProcess:
+            return True
         time.sleep(0.05)
     return False
 
