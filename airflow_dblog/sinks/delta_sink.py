@@ -483,9 +483,10 @@ class DeltaSink:
         from pyspark.sql import functions as F
 
         schema = self.schemas[table]
-        rows = (events if one_per_key else self._latest(events)).select(
-            *self._columns(schema, events), F.col("unavailable").alias("_unavailable")
+        newest = (events if one_per_key else self._latest(events)).withColumnRenamed(
+            "unavailable", "_unavailable"
         )
+        rows = self._typed_rows(schema, newest, "_unavailable")
         target = self._table(table) if target is None else target
         if append or not self._holds_in(table, target, bounds if probe else None):
             # nothing there to match (a new table, a first dump): an append is the MERGE's result
@@ -610,27 +611,36 @@ class DeltaSink:
         newest_first = Window.partitionBy("key").orderBy(F.desc("position"))
         return events.withColumn("_rn", F.row_number().over(newest_first)).where("_rn = 1")
 
-    def _columns(self, schema: TableSchema, events: DataFrame) -> list[SparkColumn]:
+    @staticmethod
+    def _typed_rows(schema: TableSchema, events: DataFrame, *kept: str) -> DataFrame:
+        """Events as the table's rows: typed columns, the meta columns and ``kept`` columns.
+
+        The row image is parsed in a projection of its own. Written into each column's
+        expression, Spark parses the JSON once per column: a non-key column reads it inside a
+        CASE (null for a delete), which keeps it from being a common subexpression, and the
+        projection is not collapsed into the next since that would repeat the parse."""
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
         raw = T.StructType([T.StructField(c.name, T.StringType()) for c in schema.columns])
         deleted = F.col("op") == "d"
         image = F.from_json(F.when(deleted, F.col("before")).otherwise(F.col("after")), raw)
+        parsed = events.select(
+            image.alias("_dblog_image"),
+            deleted.alias("_dblog_deleted"),
+            F.col("position").alias("_dblog_position"),
+            F.col("op").alias("_dblog_op"),
+            F.timestamp_millis(F.col("ts_ms")).alias("_dblog_ts"),
+            *kept,
+        )
         out = []
         for c in schema.columns:
             target = spark_type(c)
-            typed = _typed(target, image.getField(c.name))
+            typed = _typed(target, F.col("_dblog_image").getField(c.name))
             if c.name not in schema.key:
-                typed = F.when(deleted, F.lit(None).cast(target)).otherwise(typed)
+                typed = F.when(F.col("_dblog_deleted"), F.lit(None).cast(target)).otherwise(typed)
             out.append(typed.alias(c.name))
-        return [
-            *out,
-            F.col("position").alias("_dblog_position"),
-            F.col("op").alias("_dblog_op"),
-            deleted.alias("_dblog_deleted"),
-            F.timestamp_millis(F.col("ts_ms")).alias("_dblog_ts"),
-        ]
+        return parsed.select(*out, *META_COLUMNS, *kept)
 
     def _table(self, table: TableId):  # type: ignore[no-untyped-def]
         from delta.tables import DeltaTable
@@ -852,7 +862,7 @@ class DeltaSink:
 
         columns = ("chunk_id", "op", "position", "before", "after", "ts_ms")
         events = dumped_rows(self.spark, files, [(0, r) for r in refs], columns)
-        source = events.select("chunk_id", *self._columns(schema, events)).alias("s")
+        source = self._typed_rows(schema, events, "chunk_id").alias("s")
         text_key = _text_key([f"s.{quoted(k)}" for k in schema.key])
         out = [F.lit(name).alias("table"), F.col("s.chunk_id").cast("bigint").alias("chunk_id")]
         if lake is None:

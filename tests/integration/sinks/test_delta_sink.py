@@ -146,6 +146,16 @@ def test_merge_keeps_latest_per_key_and_types_values(sink: DeltaSink) -> None:
     assert row["_dblog_position"] == str(Position.mysql(1, 11))
 
 
+def test_each_row_image_is_parsed_once_however_many_columns_the_table_has(
+    sink: DeltaSink,
+) -> None:
+    events = _frame(sink.spark, [_event("c", 1, 5, 10), _event("d", 2, None, 11)])
+    rows = DeltaSink._typed_rows(SCHEMA, events, "key")
+    plan = rows._jdf.queryExecution().executedPlan().toString()
+    assert plan.count("from_json(") == 1
+    assert {r["a"]: r["qty"] for r in rows.collect()} == {1: 5, 2: None}
+
+
 def test_replayed_batch_changes_nothing(sink: DeltaSink) -> None:
     _write(sink, 1, [_event("c", 1, 5, 10)])
     _write(sink, 2, [_event("u", 1, 6, 11)])
