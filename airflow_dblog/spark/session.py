@@ -45,6 +45,22 @@ DELTA_CONF: dict[str, str] = {
 }
 
 
+# Spark's JVMs compile with the client compiler (C1) alone. A stream's work arrives as new
+# query plans batch after batch (its MERGEs and appends, Delta's log replay, chunk jobs): Spark
+# generates classes for each, and the optimising compiler (C2) spent more CPU compiling them
+# than the tasks spent running them. C1 alone would shrink the code cache to 48 MB, which Spark
+# and Delta fill (the compiler then stops, and the JVM dies when a method handle needs the
+# cache): it keeps its tiered size. Options given in the config come after these and win
+# (``-XX:TieredStopAtLevel=4`` brings C2 back).
+JIT_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+_JAVA_OPTIONS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+
+
+def jit_first(conf: Mapping[str, str]) -> dict[str, str]:
+    """The driver's and executors' Java options of ``conf`` with :data:`JIT_OPTIONS` ahead."""
+    return {key: f"{JIT_OPTIONS} {conf.get(key, '')}".strip() for key in _JAVA_OPTIONS}
+
+
 def _conf_value(value: Any) -> str:
     if isinstance(value, bool):  # Spark wants "true"/"false", not Python's "True"
         return "true" if value else "false"
@@ -163,6 +179,7 @@ def build_spark_session(
     conf.update(s3a_conf(paths, extra_conf))
     for key, value in (extra_conf or {}).items():
         conf[key] = _conf_value(value)
+    conf.update(jit_first(conf))
     if local:
         conf.update(_local_driver_conf(jars, conf, class_archive))
     if master is not None:

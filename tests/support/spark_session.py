@@ -9,10 +9,10 @@ from tests.support.stream_process import TEST_JVM_OPTIONS, TEST_SPARK_CONF
 
 
 def local_session(warehouse: Path, like_streams: bool = False) -> Any:
-    """A session for the tests; ``like_streams``: compiled and run as the tests' streams are
-    (C1 only, no code generation, see stream_process), for a tier whose session only reads
-    what the streams wrote beside it, where C2 and Janino would take the cores they need. The
-    integration tier drives the Delta sink through this session: there it keeps both, as
+    """A session for the tests; ``like_streams``: run as the tests' streams are (the serial
+    collector, no code generation, see stream_process), for a tier whose session only reads
+    what the streams wrote beside it, where Janino would take the cores they need. The
+    integration tier drives the Delta sink through this session: there it generates code, as
     users run it."""
     from airflow_dblog.spark.session import build_spark_session
 

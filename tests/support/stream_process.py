@@ -21,16 +21,12 @@ if TYPE_CHECKING:
     from tests.support.workload import Db
 
 HA_SESSION_S = 4
-# The streams' Spark JVMs (driver, executors) compile with C1 only: each lives a minute or two,
-# and on a 2-core machine C2's compiler threads take the CPU its first batches need (measured:
-# a stream's first Delta batch 40 -> 19 s). The code run is the same; only how the JVM
-# compiles it differs. (The tests' own session lives all run long: it keeps C2.) C1 alone
-# shrinks the code cache to 48 MB, which Spark and Delta fill: the compiler then stops and,
-# when a method handle needs the cache, the JVM dies; so the cache keeps its tiered size.
-# The serial collector: no concurrent marking threads beside the work on two cores (G1's took
-# a tenth of a stream JVM's CPU here); the lease lives in the Python driver, not in the JVM,
-# so a collection's pause cannot cost a leader its session.
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC"
+# The streams' Spark JVMs (driver, executors) compile with C1 alone, as every session
+# build_spark_session makes does (spark/session.py). The serial collector: no concurrent
+# marking threads beside the work on two cores (G1's took a tenth of a stream JVM's CPU here);
+# the lease lives in the Python driver, not in the JVM, so a collection's pause cannot cost a
+# leader its session.
+TEST_JVM_OPTIONS = "-XX:+UseSerialGC"
 # Nor do they generate code: a test's batches hold tens to hundreds of rows, so generating and
 # compiling Java for each new plan (Janino) costs more than evaluating its expressions does; it
 # was a quarter of a stream JVM's CPU in these tests. Spark's interpreted operators compute the
