@@ -156,6 +156,25 @@ def test_each_row_image_is_parsed_once_however_many_columns_the_table_has(
     assert {r["a"]: r["qty"] for r in rows.collect()} == {1: 5, 2: None}
 
 
+def test_an_integer_key_read_as_text_equals_the_key_json_parsed(spark: Any) -> None:
+    from pyspark.sql import types as T
+
+    from airflow_dblog.sinks.delta_sink import _typed_key
+
+    texts = ["[5,-7]", '["18446744073709551615",0]', "[-9223372036854775808,12]"]
+    keys = spark.createDataFrame([(t,) for t in texts], "key STRING")
+
+    def read(*types: Any) -> list[tuple[int, ...]]:  # text keys: JSON parsed
+        rows = keys.select(*_typed_key(types, ["k0", "k1"])).collect()
+        return [tuple(int(v) for v in r) for r in rows]
+
+    assert (
+        read(T.DecimalType(20, 0), T.LongType())
+        == read(T.StringType(), T.StringType())
+        == [(5, -7), (18446744073709551615, 0), (-9223372036854775808, 12)]
+    )
+
+
 def test_replayed_batch_changes_nothing(sink: DeltaSink) -> None:
     _write(sink, 1, [_event("c", 1, 5, 10)])
     _write(sink, 2, [_event("u", 1, 6, 11)])
@@ -621,6 +640,30 @@ def test_a_batch_of_dumped_rows_and_log_rows_commits_them_apart(sink: DeltaSink)
     for key in {a for a, _ in feed}:
         positions = [p for a, p in feed if a == key]
         assert positions == sorted(positions), (key, positions)
+
+
+def test_dumped_and_log_rows_into_a_table_holding_nothing_are_one_append_of_the_newest(
+    sink: DeltaSink,
+) -> None:
+    from delta.tables import DeltaTable
+
+    sink.create_tables()
+    dumped = [dataclasses.replace(_event("r", a, 2, 40), chunk_id=1, dump_id=1) for a in (1, 2, 3)]
+    logged = [
+        _event("u", 2, 3, 41),  # after the window: newer than the dumped row of key 2
+        _event("c", 3, 9, 5),  # older than the dumped row of key 3
+        _event("c", 60, 4, 6),
+        _event("d", 60, None, 43),  # deleted: a tombstone
+        _event("c", 70, 5, 44),  # outside the dumped range
+    ]
+    name = str(TABLE)
+    _write(sink, 1, dumped + logged, {name: (1, 3)}, {name})
+    state = _state(sink)
+    assert {a: (r["qty"], r["_dblog_deleted"]) for a, r in state.items()} == {
+        1: (2, False), 2: (3, False), 3: (2, False), 60: (None, True), 70: (5, False)
+    }  # fmt: skip
+    history = DeltaTable.forPath(sink.spark, sink.table_path(TABLE)).history().collect()
+    assert [r["operation"] for r in history][:2] == ["WRITE", "CREATE TABLE"]
 
 
 def test_dumped_and_log_rows_where_delta_holds_dumped_keys_go_in_one_merge(
