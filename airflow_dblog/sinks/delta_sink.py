@@ -194,8 +194,8 @@ def _typed_key(types: Sequence[DataType], aliases: Sequence[str]) -> list[SparkC
     """A ``key`` column of JSON values (chunk files, kept keys) as typed columns ``aliases``.
 
     A key of integers is split as text: its JSON holds digits, signs, commas, brackets and
-    perhaps quotes (a decimal's text), nothing else. Spark's JSON parser starts a parser per
-    row, which made it most of the lake check's time over a dump's chunk rows."""
+    perhaps quotes (a decimal's text), nothing else. Spark's ``from_json`` starts a parser,
+    with its own buffer, per row: over a dump's chunk rows the lake check's main cost."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
