@@ -45,13 +45,13 @@ DELTA_CONF: dict[str, str] = {
 }
 
 
-# Spark's JVMs compile with the client compiler (C1) alone. A stream's work arrives as new
-# query plans batch after batch (its MERGEs and appends, Delta's log replay, chunk jobs): Spark
-# generates classes for each, and the optimising compiler (C2) spent more CPU compiling them
-# than the tasks spent running them. C1 alone would shrink the code cache to 48 MB, which Spark
-# and Delta fill (the compiler then stops, and the JVM dies when a method handle needs the
-# cache): it keeps its tiered size. Options given in the config come after these and win
-# (``-XX:TieredStopAtLevel=4`` brings C2 back).
+# Spark's JVMs compile with the client compiler (C1) alone. A stream's work arrives in bursts
+# of new query plans (its MERGEs and appends, Delta's log replay, chunk jobs), and the
+# optimising compiler (C2) spent more of its CPU compiling (Spark's and Delta's code as the JVM
+# warms, the classes Spark generates for each plan) than the tasks spent running. C1 alone
+# would shrink the code cache to 48 MB, which Spark and Delta fill (the compiler then stops,
+# and the JVM dies when a method handle needs the cache): it keeps its tiered size. Options
+# given in the config come after these and win (``-XX:TieredStopAtLevel=4`` brings C2 back).
 JIT_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 _JAVA_OPTIONS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
 
