@@ -145,11 +145,17 @@ def usable_bounds(schema: TableSchema, bounds: tuple[Any, Any] | None) -> tuple[
     return bounds if not given else None
 
 
-def _key_value(target: DataType, text: str) -> Any:
-    """A key value Spark gave as text, as JSON the source's ``coerce_key`` takes."""
+def _integral(target: DataType) -> bool:
+    """Whether the Spark type holds whole numbers only (a decimal without scale included)."""
     from pyspark.sql import types as T
 
-    if isinstance(target, T.LongType) or (isinstance(target, T.DecimalType) and not target.scale):
+    whole_decimal = isinstance(target, T.DecimalType) and not target.scale
+    return isinstance(target, T.LongType) or whole_decimal
+
+
+def _key_value(target: DataType, text: str) -> Any:
+    """A key value Spark gave as text, as JSON the source's ``coerce_key`` takes."""
+    if _integral(target):
         return int(text)
     return text  # decimals with a scale and dates: their text, as ``to_json`` writes them
 
@@ -197,11 +203,8 @@ def _typed_key(types: Sequence[DataType], aliases: Sequence[str]) -> list[SparkC
     perhaps quotes (a decimal's text), nothing else. Spark's ``from_json`` starts a parser,
     with its own buffer, per row: over a dump's chunk rows the lake check's main cost."""
     from pyspark.sql import functions as F
-    from pyspark.sql import types as T
 
-    if all(
-        isinstance(t, T.LongType) or (isinstance(t, T.DecimalType) and not t.scale) for t in types
-    ):
+    if all(_integral(t) for t in types):
         parsed = F.split(F.translate(F.col("key"), '[]"', ""), ",")
     else:
         parsed = F.from_json(F.col("key"), "array<string>")
