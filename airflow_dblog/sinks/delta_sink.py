@@ -53,6 +53,7 @@ _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 _PURGE_EVERY_S = 3600.0
 _PURGE_FIRST_S = 600.0  # not in a (re)started stream's first batches, its slowest (a cold JVM)
 MERGE_ATTEMPTS = 5
+_WRITTEN_RANGES = 64  # first-key ranges kept per table this process created (DeltaSink._wrote)
 SEGMENT_BITS = 32  # a transaction version is (lease token << SEGMENT_BITS) | spool segment
 
 _VERSION_FILE = re.compile(r"^\d{20}\.")  # a commit or a checkpoint in _delta_log
@@ -143,6 +144,17 @@ def usable_bounds(schema: TableSchema, bounds: tuple[Any, Any] | None) -> tuple[
     if all(type(b) is str for b in given) and isinstance(target, T.StringType):
         return bounds
     return bounds if not given else None
+
+
+def _overlap(written: tuple[Any, Any], bounds: tuple[Any, Any], above: bool) -> bool:
+    """Whether two ranges of the first key column share a value (None: open at that end;
+    ``above``: ``bounds`` without its lower end)."""
+    low, high = bounds
+    if high is not None and written[0] is not None and written[0] > high:
+        return False
+    if low is None or written[1] is None:
+        return True
+    return bool(written[1] > low if above else written[1] >= low)
 
 
 def _integral(target: DataType) -> bool:
@@ -329,7 +341,9 @@ class DeltaSink:
         self._first_purge_at = time.monotonic() + _PURGE_FIRST_S
         self._purge_due: dict[TableId, float] = {}  # after a table's first purge
         self._holding: set[TableId] = set()  # tables known to hold rows: no emptiness check
-        self._created: set[TableId] = set()  # tables this process created: empty until written
+        # tables this process created: the ranges of the first key column it wrote into each,
+        # outside which such a table holds nothing (no Spark job to ask)
+        self._written: dict[TableId, list[tuple[Any, Any]]] = {}
         # chunks appended alone into a span Delta held no row of: no key there can be extra
         self._unheld_chunks: set[int] = set()
 
@@ -509,7 +523,7 @@ class DeltaSink:
         target = self._table(table) if target is None else target
         if append or not self._holds_in(table, target, bounds if probe else None):
             # nothing there to match (a new table, a first dump): an append is the MERGE's result
-            self._append(app_id, version, rows.drop("_unavailable"), table)
+            self._append(app_id, version, rows.drop("_unavailable"), table, bounds)
             return
         on = _same_key(schema)
         if bounds is not None:
@@ -542,6 +556,7 @@ class DeltaSink:
             for attempt in range(1, MERGE_ATTEMPTS + 1):
                 try:
                     merge.execute()
+                    self._wrote(table, bounds)
                     return
                 except ConcurrentTransactionException:
                     raise _fenced(table, "MERGE") from None
@@ -561,8 +576,11 @@ class DeltaSink:
     ) -> bool:
         """Whether Delta (``target``) holds a row of ``table`` (with its first key column in
         ``bounds``; ``above``: above the lower bound, not at it)."""
+        if table in self._written:
+            written = self._written[table]
+            return any(bounds is None or _overlap(r, bounds, above) for r in written)
         if table not in self._holding:
-            if table in self._created or not target.detail().first()["numFiles"]:
+            if not target.detail().first()["numFiles"]:
                 return False
             self._holding.add(table)
         if bounds is None:
@@ -606,7 +624,14 @@ class DeltaSink:
         newer = F.col("s._dblog_position") > F.col("t._dblog_position")
         return newer & ~unchanged_dump
 
-    def _append(self, app_id: str, version: int, rows: DataFrame, table: TableId) -> None:
+    def _append(
+        self,
+        app_id: str,
+        version: int,
+        rows: DataFrame,
+        table: TableId,
+        bounds: tuple[Any, Any] | None,
+    ) -> None:
         from delta.exceptions import ConcurrentTransactionException
 
         try:
@@ -620,6 +645,21 @@ class DeltaSink:
         except ConcurrentTransactionException:
             raise _fenced(table, "append") from None
         self._holding.add(table)
+        self._wrote(table, bounds)
+
+    def _wrote(self, table: TableId, bounds: tuple[Any, Any] | None) -> None:
+        """Note the first key column's range a write covered (None: anywhere) in a table this
+        process created. Past ``_WRITTEN_RANGES`` ranges they become their hull: more than
+        the table holds, never less."""
+        written = self._written.get(table)
+        if written is None:
+            return
+        written.append((None, None) if bounds is None else bounds)
+        if len(written) > _WRITTEN_RANGES:
+            lows, highs = [r[0] for r in written], [r[1] for r in written]
+            low = None if None in lows else min(lows)
+            high = None if None in highs else max(highs)
+            written[:] = [(low, high)]
 
     @staticmethod
     def _latest(events: DataFrame) -> DataFrame:
@@ -681,7 +721,7 @@ class DeltaSink:
             T.StructField("_dblog_ts", T.TimestampType(), True),
         ]
         log.info("creating Delta table %s at %s", table, path)
-        self._created.add(table)
+        self._written[table] = []
         return (
             DeltaTable.createIfNotExists(self.spark)
             .location(path)

@@ -616,18 +616,19 @@ def test_a_batch_of_dumped_rows_and_log_rows_commits_them_apart(sink: DeltaSink)
     between them replays only the log part, and no key's version goes back in the feed."""
     from delta.tables import DeltaTable
 
-    _write(sink, 1, [_event("c", 50, 1, 10)])
+    name = str(TABLE)
+    _write(sink, 1, [_event("c", 50, 1, 10)], logged={name}, row_bounds={name: (50, 50)})
     dumped = [dataclasses.replace(_event("r", a, 2, 40), chunk_id=1, dump_id=1) for a in (1, 2, 3)]
     logged = [
         _event("u", 2, 3, 41),  # after the window: newer than the dumped row of key 2
         _event("c", 3, 9, 5),  # older than the dumped row of key 3: kept out by the guard
         _event("u", 50, 4, 42),  # a key outside the dumped range
     ]
-    name = str(TABLE)
     # a crash after the dumped part: the batch had committed only that
     _write(sink, 2, dumped, {name: (1, 3)})
-    _write(sink, 2, dumped + logged, {name: (1, 3)}, {name})  # replayed: the log part only
-    _write(sink, 2, dumped + logged, {name: (1, 3)}, {name})  # and again: nothing
+    restarted = DeltaSink(sink.spark, sink.config, sink.schemas, sink.app_id)
+    _write(restarted, 2, dumped + logged, {name: (1, 3)}, {name})  # replayed: the log part only
+    _write(restarted, 2, dumped + logged, {name: (1, 3)}, {name})  # and again: nothing
     state = _state(sink)
     assert {a: state[a]["qty"] for a in state} == {1: 2, 2: 3, 3: 2, 50: 4}
     operations = [
@@ -703,3 +704,4 @@ def test_optimize_compacts_and_keeps_every_row(sink: DeltaSink) -> None:
     done = optimize(sink.spark, sink.table_path(TABLE), "a")
     assert done["files_removed"] > done["files_added"] == 1
     assert _state(sink) == state
+
