@@ -704,4 +704,3 @@ def test_optimize_compacts_and_keeps_every_row(sink: DeltaSink) -> None:
     done = optimize(sink.spark, sink.table_path(TABLE), "a")
     assert done["files_removed"] > done["files_added"] == 1
     assert _state(sink) == state
-
