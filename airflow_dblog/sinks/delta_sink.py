@@ -575,7 +575,8 @@ class DeltaSink:
         self, table: TableId, target: Any, bounds: tuple[Any, Any] | None, above: bool = False
     ) -> bool:
         """Whether Delta (``target``) holds a row of ``table`` (with its first key column in
-        ``bounds``; ``above``: above the lower bound, not at it)."""
+        ``bounds``; ``above``: above the lower bound, not at it): in a table this process
+        created, from the ranges it wrote there; in another, from the table (a Spark job)."""
         if table in self._written:
             written = self._written[table]
             return any(bounds is None or _overlap(r, bounds, above) for r in written)
