@@ -435,11 +435,10 @@ class DeltaSink:
                     self._unheld_chunks.update(sole.chunk_ids)
             elif name not in batch.logged:
                 self._merge(self._dump_app_id, version, table, rows, dump, target, probe=True)
-            elif (
-                dump is None
-                or not self._holds_in(table, target, None)  # holds nothing: one append of both
-                or self._holds_in(table, target, dump)
-            ):
+            elif dump is not None and not self._holds_in(table, target, None):
+                # holds nothing: one append of both (asked once, not again in the MERGE)
+                self._merge(self.app_id, version, table, rows, both, target, append=True)
+            elif dump is None or self._holds_in(table, target, dump):
                 self._merge(self.app_id, version, table, rows, both, target)
             else:
                 dumped = rows.where(rows["chunk_id"].isNotNull())
