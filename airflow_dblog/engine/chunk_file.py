@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_dblog.core.keys import match_key, to_json
 from airflow_dblog.engine.event_text import EventText, encode_json, plain_row, plain_value
-from airflow_dblog.engine.spool_store import arrow_filesystem, is_uri, join
+from airflow_dblog.engine.spool_store import arrow_filesystem, is_uri, join, task_conf
 from airflow_dblog.errors import DblogError
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 SPARK_DDL = "chunk_id BIGINT, idx BIGINT, key STRING, mkey STRING, after STRING"
 POSITION_DIGITS = 20  # one coordinate of a position's text (core/position.py)
 _BATCH_ROWS = 8192  # rows per Arrow batch read back on the driver (bounded memory)
+_PART = "part-00000.parquet"  # the file of a chunk folder
 
 
 def arrow_schema() -> pa.Schema:
@@ -296,20 +297,36 @@ class ChunkFiles:
 
         return Path(join(self.location, folder)).resolve().as_uri()
 
+    def for_tasks(self) -> ChunkFiles:
+        """These folders as a Spark task on another machine opens them: with the store's
+        endpoint and credentials the driver uses (:func:`task_conf`), nothing else of its conf."""
+        return ChunkFiles(self.location, task_conf(self._conf))
+
     def write(self, folder: str, table: pa.Table) -> None:
-        """One Parquet file, whole or not at all (a temporary name moved into place locally;
-        one PUT on an object store)."""
-        data = parquet_bytes(table)
-        self.fs.create_dir(self._path(folder), recursive=True)
-        target = self._path(folder, "part-00000.parquet")
-        if is_uri(self.location):
-            with self.fs.open_output_stream(target) as out:
-                out.write(data)
+        """One Parquet file, whole or not at all (one PUT on an object store; locally a
+        staged file moved into place)."""
+        if not is_uri(self.location):
+            self.publish(folder, self.stage(folder, table))
             return
-        tmp = self._path(folder, ".part-00000.parquet.tmp")
-        with self.fs.open_output_stream(tmp) as out:
-            out.write(data)
-        self.fs.move(tmp, target)
+        self.fs.create_dir(self._path(folder), recursive=True)
+        with self.fs.open_output_stream(self._path(folder, _PART)) as out:
+            out.write(parquet_bytes(table))
+
+    def stage(self, folder: str, table: pa.Table) -> str:
+        """Write the table into ``folder`` under a hidden name of its own, which no reader
+        reads until :meth:`publish` moves it into place; returns the name.
+
+        A Spark task stages and the driver publishes the attempt whose result it got: an
+        attempt Spark gave up on that still runs somewhere writes only a file nobody reads.
+        """
+        name = f".{uuid.uuid4().hex}.parquet.staged"
+        self.fs.create_dir(self._path(folder), recursive=True)
+        with self.fs.open_output_stream(self._path(folder, name)) as out:
+            out.write(parquet_bytes(table))
+        return name
+
+    def publish(self, folder: str, staged: str) -> None:
+        self.fs.move(self._path(folder, staged), self._path(folder, _PART))
 
     def files(self, folder: str) -> list[str]:
         """The folder's Parquet files (Spark's ``_SUCCESS`` and hidden files left out)."""

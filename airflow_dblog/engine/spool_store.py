@@ -9,7 +9,8 @@ so nothing is renamed there.
 
 Object stores go through ``pyarrow.fs`` (already a dependency of the ``[spark]`` extra). S3's
 endpoint is ``spark.hadoop.fs.s3a.endpoint`` in ``spark.conf`` or ``DBLOG_S3_ENDPOINT``, as for
-Spark; credentials come from the driver's environment (AWS's default chain).
+Spark; credentials are ``spark.hadoop.fs.s3a.access.key`` / ``secret.key`` in ``spark.conf``, else
+``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``, else AWS's default chain (profiles, roles).
 """
 
 from __future__ import annotations
@@ -22,7 +23,16 @@ from typing import Any, BinaryIO, NamedTuple, Protocol
 from airflow_dblog.errors import DblogError
 
 _S3_SCHEMES = ("s3a", "s3n", "s3")
-S3_ENDPOINT = "spark.hadoop.fs.s3a.endpoint"  # the spark.conf key Spark and the spool share
+S3_ENDPOINT = "spark.hadoop.fs.s3a.endpoint"  # the spark.conf keys Spark and the spool share
+S3_REGION = "spark.hadoop.fs.s3a.endpoint.region"
+S3_ACCESS_KEY = "spark.hadoop.fs.s3a.access.key"
+S3_SECRET_KEY = "spark.hadoop.fs.s3a.secret.key"
+S3_SESSION_TOKEN = "spark.hadoop.fs.s3a.session.token"
+_S3_CREDENTIALS = {  # the conf's key: the environment's variable, as Spark reads them for S3A
+    S3_ACCESS_KEY: "AWS_ACCESS_KEY_ID",
+    S3_SECRET_KEY: "AWS_SECRET_ACCESS_KEY",
+    S3_SESSION_TOKEN: "AWS_SESSION_TOKEN",
+}
 
 
 class Entry(NamedTuple):
@@ -208,6 +218,35 @@ class ArrowStore:
         return DblogError(f"{what} the spool {self.location}: {first}", self.write_hint)
 
 
+def _s3_place(conf: Mapping[str, str]) -> dict[str, str]:
+    """The store's endpoint and region, from ``conf`` or the environment."""
+    endpoint = conf.get(S3_ENDPOINT) or os.environ.get("DBLOG_S3_ENDPOINT")
+    region = conf.get(S3_REGION) or os.environ.get("AWS_REGION")
+    region = region or os.environ.get("AWS_DEFAULT_REGION")
+    return {S3_ENDPOINT: str(endpoint or "").strip(), S3_REGION: str(region or "").strip()}
+
+
+def _s3_credentials(conf: Mapping[str, str]) -> dict[str, str]:
+    """The access key, secret and token of ``conf`` if it names a key, else the environment's
+    (a key and the token that goes with it come from one place)."""
+    if conf.get(S3_ACCESS_KEY):
+        found = {key: str(conf.get(key) or "") for key in _S3_CREDENTIALS}
+    else:
+        found = {key: os.environ.get(var, "") for key, var in _S3_CREDENTIALS.items()}
+    return {key: value.strip() for key, value in found.items() if value.strip()}
+
+
+def task_conf(conf: Mapping[str, str]) -> dict[str, str]:
+    """What a Spark task on another machine needs to open the store as the driver does: the
+    S3 endpoint, region and credentials, from ``conf`` or the driver's environment.
+
+    Executors need not have the driver's environment; Spark carries the same settings to them
+    in the Hadoop configuration of every task, which a Python task cannot read.
+    """
+    settings = {**_s3_place(conf), **_s3_credentials(conf)}
+    return {key: value for key, value in settings.items() if value}
+
+
 def arrow_filesystem(location: str, conf: Mapping[str, str]) -> tuple[Any, str]:
     """The pyarrow filesystem of a local path or a URI, and the folder's path in it."""
     from pyarrow import fs
@@ -223,9 +262,9 @@ def _filesystem(location: str, conf: Mapping[str, str]) -> tuple[Any, str]:
 
     scheme, _, rest = location.partition("://")
     if scheme.lower() in _S3_SCHEMES:
-        endpoint = (conf.get(S3_ENDPOINT) or os.environ.get("DBLOG_S3_ENDPOINT") or "").strip()
+        place, credentials = _s3_place(conf), _s3_credentials(conf)
+        endpoint, region = place[S3_ENDPOINT], place[S3_REGION]
         options: dict[str, Any] = {}
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         if endpoint:
             host = endpoint.split("://", 1)[-1]
             options["endpoint_override"] = host
@@ -234,6 +273,11 @@ def _filesystem(location: str, conf: Mapping[str, str]) -> tuple[Any, str]:
             region = region or "us-east-1"
         if region:
             options["region"] = region
+        if S3_ACCESS_KEY in credentials and S3_SECRET_KEY in credentials:
+            options["access_key"] = credentials[S3_ACCESS_KEY]
+            options["secret_key"] = credentials[S3_SECRET_KEY]
+            options["session_token"] = credentials.get(S3_SESSION_TOKEN)
+        # else AWS's default chain: profiles, instance and pod roles
         return fs.S3FileSystem(**options), rest.rstrip("/")
     try:
         filesystem, path = fs.FileSystem.from_uri(location)

@@ -1,17 +1,22 @@
-"""Chunk SELECTs as Spark jobs: each chunk is one task on an executor, its rows written by Spark.
+"""Chunk SELECTs as Spark jobs: each chunk is one task on an executor, which writes its rows.
 
 The task opens its own connection to the source (kept by the Python worker for its next chunk),
-runs the strategy's SELECT and hands the rows to Spark as Arrow batches (``mapInArrow``);
-Spark writes them as Parquet into the chunk's folder under ``<checkpoint>/chunks`` through
-Hadoop's filesystem with the session's settings, so the rows never pass through the driver and
-no object-store credential travels in a task. What the driver needs back (row count, last key,
-what the snapshot saw) comes through an accumulator. Up to ``parallelism`` chunks run at once,
-one driver thread waiting on each job.
+runs the strategy's SELECT and writes the chunk file itself with ``pyarrow.fs``, opening the
+store with the endpoint and credentials the driver uses
+(:meth:`~airflow_dblog.engine.chunk_file.ChunkFiles.for_tasks`), so the rows never pass
+through the driver. Only the summary (row count, last key, what the snapshot saw) comes back, as
+the task's result. The file is staged under a name of the attempt's own and published by the
+driver once the job returns, so an attempt Spark gave up on but that still runs never replaces
+the rows the driver was told of. Up to ``parallelism`` chunks run at once, one driver thread
+waiting on each job.
 
-A stream's first Spark job of this shape is many times slower than the later ones (the JVM's
-Arrow-to-Parquet path and a Python worker that imports the source's driver):
-:meth:`SparkChunkRunner.warm_up` runs one without rows when the stream starts, so the first
-dump's first rows do not wait for it.
+A plain task and not a DataFrame written by Spark: Spark's write (planning, its commit protocol,
+Arrow into the JVM and the JVM's Parquet writer) cost several times the SELECT itself, and on
+an object store its commit copies every file once more.
+
+A stream's first chunk job is many times slower than the later ones (a Python worker that
+imports the source's driver): :meth:`SparkChunkRunner.warm_up` runs one without rows when the
+stream starts, so the first dump's first rows do not wait for it.
 """
 
 from __future__ import annotations
@@ -19,34 +24,43 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
-from pyspark.accumulators import AccumulatorParam
-
-from airflow_dblog.engine.chunk_file import SPARK_DDL, ChunkFiles, ChunkSelected, encode_rows
+from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkSelected, encode_rows
 from airflow_dblog.engine.chunk_runner import MAX_WORKERS
 from airflow_dblog.engine.chunk_task import ChunkTask, prepare, run_task
+from airflow_dblog.errors import DblogError
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
-class _Selected(AccumulatorParam):  # type: ignore[type-arg]
-    """Chunk id -> ChunkSelected; a retried task reports the same chunk again."""
+def _select_and_stage(files: ChunkFiles, task: ChunkTask) -> tuple[ChunkSelected, str | None]:
+    """In the task: the SELECT, its rows staged in the chunk's folder (none on an error)."""
+    table, selected = run_task(task)
+    if selected.error is not None:
+        return selected, None
+    try:
+        return selected, files.stage(task.folder, table)
+    except OSError as err:  # pyarrow's for a store it cannot reach or may not write
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        cannot = DblogError(
+            f"an executor cannot write chunk files to {files.location}: {first}",
+            "give it the store's credentials: spark.hadoop.fs.s3a.access.key and secret.key in"
+            " the config's spark.conf, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the"
+            " stream's environment, or a role on the executors",
+        )
+        return ChunkSelected(error=(type(cannot).__name__, str(cannot))), None
 
-    def zero(self, value: dict[int, ChunkSelected]) -> dict[int, ChunkSelected]:
-        return {}
 
-    def addInPlace(
-        self, value1: dict[int, ChunkSelected], value2: dict[int, ChunkSelected]
-    ) -> dict[int, ChunkSelected]:
-        value1.update(value2)
-        return value1
+def _stage_empty(files: ChunkFiles, folder: str, source_kind: str, url: str) -> str:
+    prepare(source_kind, url)
+    return files.stage(folder, encode_rows(0, [])[0])
 
 
 class SparkChunkRunner:
@@ -54,51 +68,42 @@ class SparkChunkRunner:
 
     def __init__(self, spark: SparkSession, files: ChunkFiles) -> None:
         self.spark, self.files = spark, files
+        self._task_files = files.for_tasks()
         self._pool = ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="dblog-chunk")
 
     def submit(self, task: ChunkTask) -> Future[ChunkSelected]:
         return self._pool.submit(self._run, task)
 
     def _run(self, task: ChunkTask) -> ChunkSelected:
-        sc = self.spark.sparkContext
-        results: Any = sc.accumulator({}, _Selected())
-        sc.setJobDescription(f"dblog chunk {task.table}#{task.chunk_id}")
-
-        def select() -> pa.Table:
-            table, selected = run_task(task)
-            results.add({task.chunk_id: selected})
-            return table
-
-        self._write(select, task.folder)
-        selected: ChunkSelected = results.value[task.chunk_id]
+        self.spark.sparkContext.setJobDescription(f"dblog chunk {task.table}#{task.chunk_id}")
+        selected, staged = self._in_task(_select_and_stage, self._task_files, task)
+        if staged is not None:
+            self.files.publish(task.folder, staged)
         return selected
 
-    def _write(self, select: Callable[[], pa.Table], folder: str) -> None:
-        """One task runs ``select`` on an executor; Spark writes its table into ``folder``."""
+    def _in_task(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` as one Spark task; its result pickled back."""
 
-        def rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            for _ in batches:  # read to its end, or the Python worker is not used again
+        def call(partition: Iterable[int]) -> Iterator[T]:
+            for _ in partition:  # read to its end, or the Python worker is not used again
                 pass
-            yield from select().to_batches()
+            yield fn(*args)
 
-        job = self.spark.range(0, 1, 1, 1).mapInArrow(rows, SPARK_DDL)
-        job.write.mode("errorifexists").parquet(self.files.uri(folder))
+        results: list[T] = self.spark.sparkContext.parallelize([0], 1).mapPartitions(call).collect()
+        return results[0]
 
     def warm_up(self, source_kind: str, url: str) -> Future[None]:
-        """Run a chunk's job without rows, its worker connected to the source (in the
-        background: a chunk sent meanwhile runs as it would have; a failure is only logged)."""
+        """Run a chunk's job without rows, its worker connected to the source and writing to
+        the store (in the background: a chunk sent meanwhile runs as it would have; a failure
+        is only logged)."""
         return self._pool.submit(self._warm_up, source_kind, url)
 
     def _warm_up(self, source_kind: str, url: str) -> None:
-        def empty() -> pa.Table:
-            prepare(source_kind, url)
-            return encode_rows(0, [])[0]
-
         folder = f"warm-up-{uuid.uuid4().hex[:12]}"  # a restart's sweep removes one left behind
         started = time.monotonic()
         self.spark.sparkContext.setJobDescription("dblog chunk runner warm-up")
         try:
-            self._write(empty, folder)
+            self._in_task(_stage_empty, self._task_files, folder, source_kind, url)
             self.files.delete(folder)
         except Exception as err:  # the first chunk then starts cold, that is all
             first = (str(err).strip().splitlines() or [""])[0]

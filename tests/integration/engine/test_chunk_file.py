@@ -9,9 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_dblog.engine.chunk_file import ChunkFiles
+from airflow_dblog.engine.chunk_file import ChunkFiles, encode_rows
 from tests.unit.engine.test_chunk_file import (  # noqa: F401  collected here again
     test_a_missing_folder_is_a_clear_error,
+    test_a_staged_file_is_rows_only_once_published,
     test_a_written_folder_reads_back_row_for_row,
     test_delete_and_delete_except_leave_what_is_kept,
     test_dropped_matches_changed_keys_as_python_compares_them,
@@ -31,3 +32,18 @@ def files() -> Iterator[ChunkFiles]:
     remote = ChunkFiles(f"s3a://dblog/tests/{uuid.uuid4().hex}/chunks/")
     yield remote
     remote.delete_except(())
+
+
+def test_a_tasks_files_reach_the_store_from_an_environment_without_its_credentials(
+    files: ChunkFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Executors need not have the driver's environment (the cluster's workers have no AWS_*
+    variables): a task opens the store with the endpoint and credentials the driver used."""
+    in_task = files.for_tasks()
+    assert files.folders() == []  # the driver's own filesystem, opened with its environment
+    for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "DBLOG_S3_ENDPOINT"):
+        monkeypatch.delenv(variable)
+    folder = files.new_folder(3)
+    table = encode_rows(3, [((7,), {"id": 7})])[0]
+    in_task.publish(folder, in_task.stage(folder, table))
+    assert [b.to_pylist() for b in files.batches(folder, ("key",))] == [[{"key": "[7]"}]]

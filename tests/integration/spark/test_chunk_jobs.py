@@ -1,7 +1,7 @@
 """Chunk SELECTs as Spark jobs (local[2]; the cluster e2e runs them on real executors).
 
-Each chunk is one Spark task that selects on its own connection and hands its rows to Spark,
-which writes the chunk folder; the driver gets only the summary. The rows read back from the
+Each chunk is one Spark task that selects on its own connection and writes the chunk folder
+itself; the driver gets only the summary. The rows read back from the
 folder must be exactly the SELECT's, in key order, for both databases and every strategy's
 way of selecting; a chunk's own error comes back as its one-line error, of its class.
 """
@@ -9,6 +9,7 @@ way of selecting; a chunk's own error comes back as its one-line error, of its c
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 
 from airflow_dblog.engine.chunk_file import ChunkFiles
 from airflow_dblog.engine.chunk_task import ChunkTask, error_of
+from airflow_dblog.engine.spool_store import S3_ACCESS_KEY, S3_SECRET_KEY
 from airflow_dblog.engine.watermarks import STRATEGIES
 from airflow_dblog.errors import InputError
 from airflow_dblog.sources import source_for
@@ -82,6 +84,30 @@ def test_a_chunk_of_a_dropped_table_comes_back_as_its_error(
     error = error_of(selected)
     assert isinstance(error, InputError), selected.error  # its class comes back too
     assert f"table {table} does not exist" in str(error) and "\n" not in str(error)
+
+
+def test_a_chunk_its_executor_cannot_write_is_one_line_naming_the_fix_not_the_secret(
+    request: pytest.FixtureRequest, spark: Any
+) -> None:
+    if not os.environ.get("DBLOG_S3_ENDPOINT") or not os.environ.get("AWS_ACCESS_KEY_ID"):
+        pytest.skip('DBLOG_S3_ENDPOINT not set: eval "$(scripts/services.sh env)"')
+    db = db_for(request, "postgres")
+    load(db, 10)
+    table = db.table()
+    key = source_for("postgres", db.url).coerce_key(table, [9, "k9"])
+    wrong = {S3_ACCESS_KEY: os.environ["AWS_ACCESS_KEY_ID"], S3_SECRET_KEY: "not-the-s3cret"}
+    files = ChunkFiles(f"s3a://dblog/tests/{uuid.uuid4().hex}/chunks", wrong)
+    runner = SparkChunkRunner(spark, files)
+    task = ChunkTask(
+        1, files.new_folder(1), table, STRATEGIES[("table", "postgres")], "postgres", db.url,
+        0, None, key, 100,
+    )  # fmt: skip
+    selected = runner.submit(task).result(timeout=120)
+    runner.close()
+    message = str(error_of(selected))
+    assert message.startswith(f"an executor cannot write chunk files to {files.location}: ")
+    assert "spark.hadoop.fs.s3a.access.key" in message and "\n" not in message
+    assert "not-the-s3cret" not in message
 
 
 def test_the_python_worker_is_used_again_for_the_next_chunk(

@@ -242,6 +242,18 @@ def test_a_missing_folder_is_a_clear_error(files: ChunkFiles) -> None:
         list(_ref("000000000009-gone", 1).texts(files))
 
 
+def test_a_staged_file_is_rows_only_once_published(files: ChunkFiles) -> None:
+    """A Spark task stages, the driver publishes the attempt whose result it got: the file of
+    an attempt Spark gave up on, written later, is never read."""
+    folder = files.new_folder(1)
+    given_up = files.stage(folder, encode_rows(1, _rows([1, 2]))[0])
+    answered = files.stage(folder, encode_rows(1, _rows([3]))[0])
+    assert given_up != answered and files.files(folder) == []
+    files.publish(folder, answered)
+    assert [p.rsplit("/", 1)[1] for p in files.files(folder)] == ["part-00000.parquet"]
+    assert [json.loads(t.key) for t in _ref(folder, 1).texts(files)] == [[3]]
+
+
 def test_a_local_write_leaves_no_temporary_file(tmp_path: Path) -> None:
     files = ChunkFiles(str(tmp_path / "chunks"))
     folder = _write(files, _rows([1]))
