@@ -51,9 +51,9 @@ def _select_and_stage(files: ChunkFiles, task: ChunkTask) -> tuple[ChunkSelected
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         cannot = DblogError(
             f"an executor cannot write chunk files to {files.location}: {first}",
-            "give it the store's credentials: spark.hadoop.fs.s3a.access.key and secret.key in"
-            " the config's spark.conf, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the"
-            " stream's environment, or a role on the executors",
+            "give the executors access to it (S3: spark.hadoop.fs.s3a.access.key and secret.key"
+            " in the config's spark.conf, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the"
+            " stream's environment; or a role on the executors)",
         )
         return ChunkSelected(error=(type(cannot).__name__, str(cannot))), None
 
