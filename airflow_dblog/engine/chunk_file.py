@@ -305,12 +305,10 @@ class ChunkFiles:
     def write(self, folder: str, table: pa.Table) -> None:
         """One Parquet file, whole or not at all (one PUT on an object store; locally a
         staged file moved into place)."""
-        if not is_uri(self.location):
+        if is_uri(self.location):
+            self._put(folder, _PART, table)
+        else:
             self.publish(folder, self.stage(folder, table))
-            return
-        self.fs.create_dir(self._path(folder), recursive=True)
-        with self.fs.open_output_stream(self._path(folder, _PART)) as out:
-            out.write(parquet_bytes(table))
 
     def stage(self, folder: str, table: pa.Table) -> str:
         """Write the table into ``folder`` under a hidden name of its own, which no reader
@@ -320,13 +318,16 @@ class ChunkFiles:
         attempt Spark gave up on that still runs somewhere writes only a file nobody reads.
         """
         name = f".{uuid.uuid4().hex}.parquet.staged"
-        self.fs.create_dir(self._path(folder), recursive=True)
-        with self.fs.open_output_stream(self._path(folder, name)) as out:
-            out.write(parquet_bytes(table))
+        self._put(folder, name, table)
         return name
 
     def publish(self, folder: str, staged: str) -> None:
         self.fs.move(self._path(folder, staged), self._path(folder, _PART))
+
+    def _put(self, folder: str, name: str, table: pa.Table) -> None:
+        self.fs.create_dir(self._path(folder), recursive=True)
+        with self.fs.open_output_stream(self._path(folder, name)) as out:
+            out.write(parquet_bytes(table))
 
     def files(self, folder: str) -> list[str]:
         """The folder's Parquet files (Spark's ``_SUCCESS`` and hidden files left out)."""
