@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from airflow_dblog.engine.chunk_file import ChunkFiles
+from airflow_dblog.core.events import TableId
+from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkSelected
 from airflow_dblog.engine.chunk_task import ChunkTask, error_of
 from airflow_dblog.engine.spool_store import S3_ACCESS_KEY, S3_SECRET_KEY
 from airflow_dblog.engine.watermarks import STRATEGIES
@@ -28,6 +29,19 @@ from tests.support.workload import db_for, execute, load
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CASES = [(kind, mode) for mode, kind in STRATEGIES if (mode, kind) != ("gtid", "mysql")]
+
+
+def _first_chunk(
+    spark: Any, files: ChunkFiles, kind: str, url: str, table: TableId, upper: Any
+) -> ChunkSelected:
+    """What the table's first chunk up to ``upper`` (table mode) reports, selected by Spark."""
+    runner = SparkChunkRunner(spark, files)
+    task = ChunkTask(
+        1, files.new_folder(1), table, STRATEGIES[("table", kind)], kind, url, 0, None, upper, 100
+    )
+    selected = runner.submit(task).result(timeout=120)
+    runner.close()
+    return selected
 
 
 @pytest.mark.parametrize(("kind", "mode"), CASES, ids=[f"{k}-{m}" for k, m in CASES])
@@ -74,13 +88,7 @@ def test_a_chunk_of_a_dropped_table_comes_back_as_its_error(
     key = source_for("mysql", db.url).coerce_key(table, [5, "k5"])
     execute(db, f"DROP TABLE {db.quoted()}")
     files = ChunkFiles(str(tmp_path / "chunks"))
-    runner = SparkChunkRunner(spark, files)
-    task = ChunkTask(
-        1, files.new_folder(1), table, STRATEGIES[("table", "mysql")], "mysql", db.url,
-        0, None, key, 100,
-    )  # fmt: skip
-    selected = runner.submit(task).result(timeout=120)
-    runner.close()
+    selected = _first_chunk(spark, files, "mysql", db.url, table, key)
     error = error_of(selected)
     assert isinstance(error, InputError), selected.error  # its class comes back too
     assert f"table {table} does not exist" in str(error) and "\n" not in str(error)
@@ -97,14 +105,7 @@ def test_a_chunk_its_executor_cannot_write_is_one_line_naming_the_fix_not_the_se
     key = source_for("postgres", db.url).coerce_key(table, [9, "k9"])
     wrong = {S3_ACCESS_KEY: os.environ["AWS_ACCESS_KEY_ID"], S3_SECRET_KEY: "not-the-s3cret"}
     files = ChunkFiles(f"s3a://dblog/tests/{uuid.uuid4().hex}/chunks", wrong)
-    runner = SparkChunkRunner(spark, files)
-    task = ChunkTask(
-        1, files.new_folder(1), table, STRATEGIES[("table", "postgres")], "postgres", db.url,
-        0, None, key, 100,
-    )  # fmt: skip
-    selected = runner.submit(task).result(timeout=120)
-    runner.close()
-    message = str(error_of(selected))
+    message = str(error_of(_first_chunk(spark, files, "postgres", db.url, table, key)))
     assert message.startswith(f"an executor cannot write chunk files to {files.location}: ")
     assert "spark.hadoop.fs.s3a.access.key" in message and "\n" not in message
     assert "not-the-s3cret" not in message
