@@ -5,7 +5,7 @@ lists the spool through :mod:`~airflow_dblog.engine.spool_store`; a batch's rows
 segment numbers, so ``read()``, which Spark runs on executors, touches no file at all. The
 batch's ``foreachBatch`` reads the segments themselves with ``spark.read.parquet`` (Hadoop's
 filesystem, with the session's object-store settings) on the executors
-(:func:`~airflow_dblog.spark.stream_job.segment_rows`). Offsets are plain segment numbers and
+(:func:`~airflow_dblog.spark.delta_batches.segment_rows`). Offsets are plain segment numbers and
 segments are immutable, so a batch Spark re-plans after a crash reads exactly the same rows.
 """
 

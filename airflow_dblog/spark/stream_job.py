@@ -34,32 +34,24 @@ from typing import TYPE_CHECKING, Any
 from airflow_dblog.config import Config
 from airflow_dblog.core.events import TableId
 from airflow_dblog.engine.capture import SpooledCapture
-from airflow_dblog.engine.chunk_file import ChunkRef
 from airflow_dblog.engine.chunk_runner import LateRunner, ProcessChunkRunner
 from airflow_dblog.engine.configured_source import open_reader, open_source
 from airflow_dblog.engine.leader import LeaderLease
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.segment import EVENT_COLUMNS, Footer
-from airflow_dblog.engine.segment import SPARK_DDL as SEGMENT_DDL
 from airflow_dblog.engine.signals import SignalChannel
 from airflow_dblog.engine.sink_barrier import SinkBarrier
-from airflow_dblog.engine.spool import (
-    Spool,
-    dump_bounds,
-    logged_tables,
-    row_bounds,
-    sole_dump_spans,
-)
+from airflow_dblog.engine.spool import Spool
 from airflow_dblog.engine.spool_store import S3_ENDPOINT, join
 from airflow_dblog.errors import DblogError
 from airflow_dblog.sinks.base import ReadBack, Sink
-from airflow_dblog.sinks.delta_sink import DeltaSink, FrameBatch, dumped_rows
+from airflow_dblog.sinks.delta_sink import DeltaSink, FrameBatch
 from airflow_dblog.sinks.hadoop_folders import remove_unless_holding
 from airflow_dblog.sinks.kafka_forwarder import KafkaForwarder
 from airflow_dblog.sinks.kafka_sink import KafkaSink
 from airflow_dblog.sinks.lake_checks import LakeChecks
 from airflow_dblog.sources.base import TableSchema
 from airflow_dblog.spark.chunk_jobs import SparkChunkRunner
+from airflow_dblog.spark.delta_batches import spool_batch
 from airflow_dblog.spark.session import build_spark_session
 
 if TYPE_CHECKING:
@@ -117,42 +109,16 @@ class BatchCommitter:
         seqs = sorted(row["seq"] for row in segments.collect())  # a handful of numbers
         if not seqs:
             return
-        spark = segments.sparkSession
-        rows = segment_rows(spark, [self.spool.uri(seq) for seq in seqs])
-        known = self.spool.outlines(seqs)
-        unknown = [self.spool.uri(seq) for seq in seqs if seq not in known]  # an earlier run's
-        footers, refs = _outlines(segment_rows(spark, unknown)) if unknown else ([], [])
-        footers += [o.footer for o in known.values()]
-        refs += [(seq, ref) for seq, o in known.items() for ref in o.refs]
+        footers, closed_refs, batch = spool_batch(segments.sparkSession, self.spool, seqs)
         if not footers:
             return
         count = sum(f["events"] for f in footers)
-        closed_refs = [ref for _, ref in refs]
-        if count:
-            events = rows.where("kind = 'event'").select("seq", *EVENT_COLUMNS)
-            refs = [(seq, ref) for seq, ref in refs if ref.emitted]
-            if refs:
-                chunked = dumped_rows(spark, self.spool.chunks, refs, events.columns)
-                events = events.unionByName(chunked)
-            tables = sorted({table for f in footers for table in f["tables"]})
-            last = max(f["seq"] for f in footers)
+        first, last = min(f["seq"] for f in footers), max(f["seq"] for f in footers)
+        if batch is not None:
             log.info(
                 "%s batch %d: committing segments %d-%d, %d events",
-                self.sink.name,
-                batch_id,
-                min(f["seq"] for f in footers),
-                last,
-                count,
-            )
-            logged = logged_tables(footers)
-            batch = FrameBatch(
-                events,
-                tables,
-                dump_bounds(footers),
-                logged,
-                row_bounds(footers),
-                sole_dump_spans(closed_refs, logged),
-            )
+                self.sink.name, batch_id, first, last, count,
+            )  # fmt: skip
             self.sink.write(last, batch)
         written = time.monotonic()
         if self.checks is not None:
@@ -166,35 +132,14 @@ class BatchCommitter:
                 " %.1f s); %d chunks completed",
                 self.sink.name,
                 batch_id,
-                min(f["seq"] for f in footers),
-                max(f["seq"] for f in footers),
+                first,
+                last,
                 count,
                 time.monotonic() - started,
                 written - started,
                 checked - written,
                 closed,
             )
-
-
-def _outlines(rows: DataFrame) -> tuple[list[Footer], list[tuple[int, ChunkRef]]]:
-    """The segments' footers and chunk references (with each one's segment), read by Spark."""
-    footers, refs = [], []
-    for r in rows.where("kind != 'event'").select("seq", "kind", "record").collect():
-        if r["kind"] == "footer":
-            footers.append(json.loads(r["record"]))
-        else:
-            refs.append((r["seq"], ChunkRef.from_record(json.loads(r["record"]))))
-    return footers, refs
-
-
-def segment_rows(spark: Any, uris: Sequence[str]) -> DataFrame:
-    """The segments' rows (:mod:`~airflow_dblog.engine.segment`) and each one's ``seq``, read by
-    the executors through Hadoop's filesystem (the session's s3a/abfs/gs settings), never from
-    the driver's disk. Row order does not matter: the sinks order events by their positions."""
-    from pyspark.sql import functions as F
-
-    seq = F.regexp_extract(F.col("_metadata.file_name"), r"^(\d+)\.", 1).cast("long")
-    return spark.read.schema(SEGMENT_DDL).parquet(*uris).withColumn("seq", seq)
 
 
 class Worker(threading.Thread):
