@@ -57,6 +57,9 @@ class DeltaSinkConfig:
     deletion_vectors: bool = True
     # a small batch waits this long for more events (each MERGE costs seconds of CPU)
     batch_wait_s: float = 5.0
+    # rehearse a dump's Delta batches on a scratch table at start: a dump's first batch
+    # then runs in a warm JVM
+    warm_up: bool = True
 
 
 @dataclass(frozen=True)
@@ -339,6 +342,7 @@ def _sinks(
             tombstone_retention_hours=d.integer("tombstone_retention_hours", 168, minimum=0),
             deletion_vectors=d.get("deletion_vectors", bool, True),
             batch_wait_s=d.seconds("batch_wait_s", 5.0, minimum=0, maximum=3600),
+            warm_up=d.get("warm_up", bool, True),
         )
         d.done()
     if k := sec.section("kafka", required=False):

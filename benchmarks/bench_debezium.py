@@ -402,8 +402,11 @@ spark: {{master: "local[2]", conf: {conf}}}
         result["startup_to_state_row_s"] = round(time.monotonic() - started, 2)
         probe_until_seen(conn, db, watch, probe, proc, log)
         result["startup_to_first_change_s"] = round(watch.first_at[probe] - started, 2)
-        # with Delta, Spark starts after Kafka: dumps are timed on a running stream
-        wait_for("the stream running", lambda: b" running: " in log.read_bytes(), proc, log, 0.2)
+        # with Delta, Spark starts after Kafka: dumps are timed on a running, warmed-up stream
+        ready = [b" running: "] + ([b"Delta warmed up"] if delta else [])
+        wait_for(
+            "the stream running", lambda: all(s in log.read_bytes() for s in ready), proc, log, 0.2
+        )
         time.sleep(settle_s)  # settle: not measured
         for chunk_size in chunk_sizes:
             store.set_controls(config.name, chunk_size=chunk_size)

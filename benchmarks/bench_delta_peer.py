@@ -97,6 +97,7 @@ SEQ = "_seq"  # the peer's sequence column: the change's Kafka offset
 MAVEN_JDBC = "https://repo1.maven.org/maven2/org/mariadb/jdbc/mariadb-java-client"
 SETTLE_S = 5.0  # from a pipeline's readiness to its request: not measured
 WRITERS_LEAD_S = 2.0  # writers start this long before the request: a steady load at the start
+WARMED_UP = (b" running: ", b"chunk jobs warmed up", b"Delta warmed up")  # the stream's start
 WRITES_PER_WRITER = 500  # updates/s one writer thread is asked for
 
 
@@ -534,9 +535,9 @@ spark: {{master: "local[2]", conf: {conf}}}
         meter = TreeMeter([proc.pid])
         meter.start()
         try:
-            ready = wait_until(  # its chunk jobs' warm-up is the stream's start, not a dump's
+            ready = wait_until(  # its chunk jobs' and Delta's warm-ups are the stream's start
                 "dblog: running",
-                lambda: b" running: " in (text := log.read_bytes()) and b" warmed up" in text,
+                lambda: all(s in log.read_bytes() for s in WARMED_UP),
                 procs,
                 self.timeout,
             )

@@ -24,3 +24,9 @@ def remove_unless_holding(spark: Any, folder: str, kept: re.Pattern[str], what: 
     if not any(kept.match(name) for name in names):
         log.warning("%s: removing %s (%s)", folder, what, ", ".join(names))
         fs.delete(path, True)
+
+
+def remove(spark: Any, folder: str) -> None:
+    """Remove ``folder`` and everything in it, if it exists."""
+    path = spark._jvm.org.apache.hadoop.fs.Path(folder)
+    path.getFileSystem(spark._jsc.hadoopConfiguration()).delete(path, True)

@@ -52,6 +52,7 @@ from airflow_dblog.sinks.lake_checks import LakeChecks
 from airflow_dblog.sources.base import TableSchema
 from airflow_dblog.spark.chunk_jobs import SparkChunkRunner
 from airflow_dblog.spark.delta_batches import spool_batch
+from airflow_dblog.spark.delta_warm_up import warm_up
 from airflow_dblog.spark.session import build_spark_session
 
 if TYPE_CHECKING:
@@ -262,6 +263,11 @@ def _start_delta_query(
     cleanup.callback(delta.close)
     delta.fence()  # a deposed leader's batch, even one under way, now commits nothing
     delta.create_tables()
+    if config.delta.warm_up and schemas:  # the first table's shape stands for them all
+        first = next(iter(schemas.values()))
+        args = (spark, config.delta, first, config.checkpoint, config.spark.conf)
+        # beside the query: a backlog after a restart is not held back by it
+        threading.Thread(target=warm_up, args=args, name="dblog-delta-warm-up", daemon=True).start()
     committer = BatchCommitter(delta, barrier, store, spool, lake=delta)
     committer.spark = spark
     endpoint = {k: v for k, v in config.spark.conf.items() if k == S3_ENDPOINT}  # no secrets

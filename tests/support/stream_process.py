@@ -59,14 +59,18 @@ def write_config(
     deletion_vectors: bool = True,
     spark_conf: Mapping[str, str] | None = None,
     delta_sink: bool = True,
+    warm_up: bool = False,
 ) -> Path:
     """A fresh stream (new name, metadata, checkpoint) of ``tables`` (default: ``db``'s table);
     ``checkpoint`` and ``delta`` default to folders of ``tmp_path``; ``spark_conf`` adds to the
-    session's settings; without ``delta_sink`` Kafka is its only sink (it starts no Spark)."""
+    session's settings; without ``delta_sink`` Kafka is its only sink (it starts no Spark);
+    ``warm_up``: rehearse Delta's batches at start, as users' streams do (a test's first batches
+    wait for no dump worth the seconds it costs)."""
     path = tmp_path / "stream.yaml"
     # a small Delta batch waits 1 s, not the default 5: each test ends waiting for its last
     # changes in Delta (the default's wait is taken by the browser, DAG and race tests' streams)
     delta_options = ", batch_wait_s: 1" + ("" if deletion_vectors else ", deletion_vectors: false")
+    delta_options += "" if warm_up else ", warm_up: false"
     name = f"st-{uuid.uuid4().hex[:8]}"
     signals = f", signal_topic: {signal_topic}" if signal_topic else ""
     kafka_sink = (

@@ -98,7 +98,7 @@ def test_defaults_and_env_default_syntax() -> None:
     assert (config.dump.chunk_size, config.dump.delay_ms, config.dump.parallelism) == (10000, 0, 1)
     assert config.kafka is None and config.ha is None
     assert config.delta is not None and config.delta.deletion_vectors
-    assert config.delta.batch_wait_s == 5.0
+    assert config.delta.batch_wait_s == 5.0 and config.delta.warm_up
     assert config.metadata_url.endswith("/dblog-meta.db")
 
 
@@ -200,6 +200,11 @@ MALFORMED = [
         "deletion vectors text",
         _edit("{path: ./out/delta}", "{path: ./out/delta, deletion_vectors: yes please}"),
         "sinks.delta.deletion_vectors must be true or false",
+    ),
+    (
+        "warm-up text",
+        _edit("{path: ./out/delta}", "{path: ./out/delta, warm_up: later}"),
+        "sinks.delta.warm_up must be true or false",
     ),
     (
         "negative batch wait",

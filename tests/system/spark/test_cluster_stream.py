@@ -209,6 +209,7 @@ def test_the_stream_on_the_cluster_with_an_object_store_checkpoint_converges(
         delta=f"{prefix}/delta",
         master=os.environ["DBLOG_SPARK_MASTER"],
         deletion_vectors=False,  # deltalake (delta-rs) 1.6 cannot read deletion vectors
+        warm_up=True,  # its scratch table on the store, written and read by the executors
     )
     config = load_config(config_path)
     store = MetadataStore(config.metadata_url)
