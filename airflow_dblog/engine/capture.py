@@ -397,6 +397,8 @@ class SpooledCapture(Capture):
                 "position": self._pending_position,
                 "source_ts_ms": self.source_ts_ms,
                 "closed": [r.closed_record() for r in refs],
+                # chunks selected or with a window open: Delta's next batch may wait for them
+                "selecting": self.executor.busy(),
             },
         )
         self._pending = []

@@ -34,6 +34,9 @@ FULL_BATCH_EVENTS = 5000
 # ... once the log paused this long (no newer segment): a burst still arriving is one MERGE, not
 # one at 5,000 events and another for the rest (one MERGE costs less than two)
 QUIET_S = 1.0
+# A due batch waits this much longer while a dump's chunk is selected or its window is open (the
+# newest segment says so): a chunk that misses a big batch by a moment costs a batch of its own
+CHUNK_WAIT_S = 1.0
 # Segments of heartbeats alone (an idle log) wait at least this long for a batch: they only move
 # the committed offset
 IDLE_BATCH_S = 5.0
@@ -68,8 +71,10 @@ class ChangelogStreamReader(DataSourceStreamReader):
         self, directory: str, conf: dict[str, str] | None = None, wait_s: float = 0.0
     ) -> None:
         self.directory, self.conf, self.wait_s = directory, conf or {}, wait_s
-        # (events, closes a chunk) from each pending segment's footer, read once
-        self._footer_counts: dict[int, tuple[int, bool]] = {}
+        # (events, closes a chunk, chunks selecting) from each pending segment's footer, read once
+        self._footer_counts: dict[int, tuple[int, bool, int]] = {}
+        # (first segment, since when) of a batch waiting for a chunk being selected
+        self._waiting: tuple[int, float] | None = None
 
     def _spool(self) -> Spool:
         return Spool(self.directory, conf=self.conf)
@@ -103,14 +108,33 @@ class ChangelogStreamReader(DataSourceStreamReader):
         for seq in taken:  # footers only until the batch is due (a GET each on S3)
             if batch_due(age, quiet, events, closes, self.wait_s):
                 break
-            if seq not in self._footer_counts:
-                footer = spool.footer(seq)
-                self._footer_counts[seq] = (footer["events"], bool(footer["closed"]))
-            events += self._footer_counts[seq][0]
-            closes = closes or self._footer_counts[seq][1]
+            count, closing, _ = self._counts(spool, seq)
+            events += count
+            closes = closes or closing
         if not batch_due(age, quiet, events, closes, self.wait_s):
             return {"segment": first}
+        if self._waits_for_chunk(spool, first, taken[-1], now):
+            return {"segment": first}
         return {"segment": taken[-1] + 1}
+
+    def _counts(self, spool: Spool, seq: int) -> tuple[int, bool, int]:
+        if seq not in self._footer_counts:
+            footer = spool.footer(seq)
+            self._footer_counts[seq] = (
+                footer["events"],
+                bool(footer["closed"]),
+                footer.get("selecting", 0),
+            )
+        return self._footer_counts[seq]
+
+    def _waits_for_chunk(self, spool: Spool, first: int, newest: int, now: float) -> bool:
+        """Whether the batch from ``first`` waits for a chunk the ``newest`` segment says is
+        being selected, at most :data:`CHUNK_WAIT_S` from the first time it was due."""
+        if not self._counts(spool, newest)[2]:
+            return False
+        if self._waiting is None or self._waiting[0] != first:
+            self._waiting = (first, now)
+        return now - self._waiting[1] < CHUNK_WAIT_S
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         first, stop = int(start["segment"]), int(end["segment"])

@@ -364,6 +364,25 @@ def test_a_small_batch_waits_until_its_oldest_segment_is_old(
     }  # wait_s 0: at once
 
 
+def test_a_due_batch_waits_a_moment_for_a_chunk_still_being_selected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dump's chunk that misses a big batch by a moment would cost a whole batch of its own."""
+    pytest.importorskip("pyspark")
+    from airflow_dblog.spark import changelog_source
+
+    spool = Spool(tmp_path)
+    spool.append([], {"closed": [{"chunk_id": 1}], "selecting": 1})
+    reader = changelog_source.ChangelogStreamReader(str(tmp_path))
+    assert reader.latestOffset({"segment": 0}) == {"segment": 0}  # chunk 2 is being selected
+    spool.append([], {"closed": [{"chunk_id": 2}], "selecting": 0})
+    assert reader.latestOffset({"segment": 0}) == {"segment": 2}  # it closed: both go
+    spool.append([_event(1)], {"closed": [], "selecting": 1})
+    assert reader.latestOffset({"segment": 2}) == {"segment": 2}  # due by age, waits too
+    monkeypatch.setattr(changelog_source, "CHUNK_WAIT_S", 0.0)
+    assert reader.latestOffset({"segment": 2}) == {"segment": 3}  # no longer than that
+
+
 def test_a_batch_is_due_when_old_big_or_completing_a_chunk() -> None:
     pytest.importorskip("pyspark")
     from airflow_dblog.spark.changelog_source import (

@@ -135,6 +135,27 @@ def test_a_chunk_closed_in_a_segment_still_on_disk_is_not_selected_again(
     again.close()
 
 
+def test_each_segment_counts_the_chunks_being_selected_when_it_was_written(
+    fake_db: FakeDatabase, items: TableId, tmp_path: Path
+) -> None:
+    """Delta's next batch waits a moment for a chunk its segments say is being selected."""
+    fake_db.insert(items, *({"id": i, "v": "x"} for i in range(3)))
+    config = fake_config(fake_db, [items], tmp_path, chunk_size=10)
+    store = MetadataStore(config.metadata_url)
+    capture, _ = _open(config, store, fake_db)
+    plan_dump(config, store)
+    footers: list[dict] = []
+    for _ in range(200):
+        capture.step(timeout_s=0)
+        footers = [capture.spool.footer(s) for s in capture.spool.segments()]
+        if any(f["closed"] for f in footers):
+            break
+    closing = next(f for f in footers if f["closed"])
+    assert any(f["selecting"] == 1 for f in footers if f["seq"] < closing["seq"])
+    assert closing["selecting"] == 0  # the table's one chunk: nothing left selecting
+    capture.close()
+
+
 def test_a_deleted_checkpoint_after_a_committed_segment_is_refused_in_one_line(
     fake_db: FakeDatabase, items: TableId, tmp_path: Path
 ) -> None:
