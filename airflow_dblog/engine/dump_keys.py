@@ -1,26 +1,31 @@
-"""The keys a dump's range chunks selected, kept until the table's last chunk is in, for tables
-whose key has no order Spark and the source share (text under a collation, floats, times).
+"""The keys a dump's range chunks selected, kept until the table's last chunk is in: the keys
+the lake holds beyond the source are looked for once per table, not once per batch.
 
-For those a chunk's key range means different keys in Delta than at the source, so the keys the
-lake holds beyond the source cannot be looked for chunk by chunk (:mod:`~airflow_dblog.engine.
-repairs`). They can for the whole table: once every chunk of a table's dump has closed, a key
-Delta holds live, last changed before the first chunk's window began, that no chunk selected
-(rows their windows dropped included) was not in the source when its chunk read it, wherever
-the source sorts it. Each closed chunk's keys are copied here (a chunk's own file goes with its
-spool segment); the sweep reads them all once and the folders are deleted after it.
+A key Delta holds live in a chunk's range, last changed before the chunk's window began, that
+the chunk did not select (rows its window dropped included) was not in the source when the
+chunk read it. Where Spark orders the table's key as the source does, each chunk's range is
+looked at with its own window (:meth:`~airflow_dblog.sinks.delta_sink.DeltaSink.extra_keys`).
+Where it does not (text under a collation, floats, times) a chunk's range means other keys in
+Delta, so the whole table is looked at with the first chunk's window: a key no chunk selected,
+wherever the source sorts it. Each closed chunk's keys are copied here (a chunk's own file goes
+with its spool segment); the check reads them all once and the folders are deleted after it.
 
 A folder per chunk, ``<dump>-<chunk>-<low>`` under ``<checkpoint>/dump-keys``: one Parquet file
-of the chunk's ``key`` column, and in the name where its window began. A chunk closed again after
-a crash writes the same folder again.
+of the chunk's ``chunk_id`` and ``key`` columns, its :class:`ChunkRef` in the file's metadata,
+and in the name where its window began. A chunk closed again after a crash writes the same
+folder again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import dataclasses
+import json
+from collections.abc import Collection, Sequence
 
 from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef
 
-SPARK_DDL = "key STRING"
+SPARK_DDL = "chunk_id BIGINT, key STRING"  # also a chunk file's columns of these names
+_REF = b"dblog.chunk_ref"
 
 
 def folder_of(ref: ChunkRef) -> str:
@@ -33,8 +38,26 @@ def record(chunks: ChunkFiles, keys: ChunkFiles, ref: ChunkRef) -> None:
 
     batches = list(chunks.batches(ref.folder, ("key",))) if ref.folder else []
     # a file written by Spark and one written here differ in the column's nullability
-    columns = [b.column(0).cast(pa.string()) for b in batches]
-    keys.write(folder_of(ref), pa.table({"key": pa.chunked_array(columns, pa.string())}))
+    key = pa.chunked_array([b.column(0).cast(pa.string()) for b in batches], pa.string())
+    chunk_id = pa.array([ref.chunk_id] * len(key), pa.int64())
+    table = pa.table({"chunk_id": chunk_id, "key": key})
+    keys.write(folder_of(ref), table.replace_schema_metadata({_REF: ref.record()}))
+
+
+def refs(keys: ChunkFiles, folders: Sequence[str]) -> list[ChunkRef]:
+    """The chunks recorded in these folders, each naming its folder here (not its chunk file,
+    which may be gone)."""
+    import pyarrow.parquet as pq
+
+    found: list[ChunkRef] = []
+    for folder in folders:
+        for path in keys.files(folder):
+            with keys.fs.open_input_file(path) as source:
+                metadata = pq.read_schema(source).metadata or {}
+            if _REF in metadata:
+                ref = ChunkRef.from_record(json.loads(metadata[_REF]))
+                found.append(dataclasses.replace(ref, folder=folder))
+    return found
 
 
 def recorded(keys: ChunkFiles, dump_id: int) -> dict[int, tuple[str, str]]:

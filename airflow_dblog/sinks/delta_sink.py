@@ -733,7 +733,9 @@ class DeltaSink:
 
     def extra_keys(self, refs: Sequence[ChunkRef], files: ChunkFiles) -> ExtraKeys:
         """The keys Delta holds that closed range chunks found the source lacking, per table and
-        chunk (JSON values, as a key-list dump takes them); run after the batch's MERGE.
+        chunk (JSON values, as a key-list dump takes them); run once Delta holds every log event
+        up to each chunk's window. ``files`` holds each chunk's rows, or its keys alone
+        (:mod:`~airflow_dblog.engine.dump_keys`).
 
         A key counts when Delta holds it live, inside the range the chunk covered, last changed
         before the chunk's window began (a change inside the window or after it is the log's
@@ -817,7 +819,7 @@ class DeltaSink:
         )
         folders = [files.uri(ref.folder) for ref in checks if ref.folder]
         if folders:
-            chunk_rows = self.spark.read.schema(CHUNK_DDL).parquet(*folders)
+            chunk_rows = self.spark.read.schema(DUMP_KEYS_DDL).parquet(*folders)
             selected = chunk_rows.select("chunk_id", *_typed_key(types, aliases))
             candidates = candidates.join(selected, ["chunk_id", *aliases], "left_anti")
         return candidates.select(

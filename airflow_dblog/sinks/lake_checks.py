@@ -3,12 +3,12 @@ that the source lacks, and verify chunks.
 
 The lake is the sink that can be read back (:class:`~airflow_dblog.sinks.base.ReadBack`). Its
 batch holds every change the log carried up to each of its closed chunks' windows, so a chunk's
-rows can be held against it: a range chunk's range for keys the source lacked (a follow-up
-key-list dump, :mod:`~airflow_dblog.engine.repairs`), a table whose key order only the source
-knows as a whole once its last chunk is in (:mod:`~airflow_dblog.engine.dump_keys`), and a
-verify chunk's rows for what is missing, extra or different (:mod:`~airflow_dblog.core.verify`).
-Each check is safe to run again: a batch replayed after a crash asks for nothing twice and keeps
-the first verdict.
+rows can be held against it: the ranges of a table's chunks, once its last chunk is in, for
+keys the source lacked (a follow-up key-list dump, :mod:`~airflow_dblog.engine.repairs`;
+:mod:`~airflow_dblog.engine.dump_keys` keeps the chunks' keys until then), and a verify chunk's
+rows for what is missing, extra or different (:mod:`~airflow_dblog.core.verify`). Each check
+is safe to run again: a batch replayed after a crash asks for nothing twice and keeps the first
+verdict.
 """
 
 from __future__ import annotations
@@ -33,64 +33,32 @@ class LakeChecks:
     def __init__(
         self, lake: ReadBack, store: MetadataStore, chunks: ChunkFiles, keys: ChunkFiles
     ) -> None:
-        """``chunks``: the chunk files; ``keys``: where the sweep keeps chunks' keys."""
+        """``chunks``: the chunk files; ``keys``: where chunks' keys wait for their table's
+        sweep."""
         self.lake, self.store, self.chunks, self.keys = lake, store, chunks, keys
 
     def after_batch(self, refs: Sequence[ChunkRef]) -> None:
         """Every check of the batch's closed chunks, once the batch is in the lake."""
-        self.request_repairs(refs)
         swept = self.sweep(refs)
         self.verify_chunks(refs, {s.chunk_id: s.keys for s in swept})
         for done in swept:
             for folder in done.folders:
                 self.keys.delete(folder)
 
-    def request_repairs(self, refs: Sequence[ChunkRef]) -> list[int]:
-        """After the MERGE, before the chunks complete: a key-list dump of the keys Delta holds
-        that the batch's range chunks found the source lacking, one per table and dump.
-
-        Delta does not delete them here: Kafka's forwarder is ahead of Delta, and a delete sent
-        now could follow a later re-insert of the key there. The follow-up dump's chunks read
-        each key again in a watermark window and delete, in log order in both sinks, those the
-        source still lacks. A batch replayed after a crash finds its chunks named by an earlier
-        request and asks for nothing twice (:meth:`MetadataStore.request_repair`).
-        """
-        checks = [ref for ref in refs if ref.checks_extras and not ref.verify]
-        if not checks:
-            return []
-        found = self.lake.extra_keys(checks, self.chunks)
-        dump_of = {ref.chunk_id: ref.dump_id for ref in checks}
-        created: list[int] = []
-        for table, by_chunk in sorted(found.items()):
-            key_columns = list(self.lake.schemas[TableId.parse(table)].key)
-            for dump_id in sorted({dump_of[c] for c in by_chunk}):
-                mine = {c: keys for c, keys in by_chunk.items() if dump_of[c] == dump_id}
-                new = self.store.request_repair(table, key_columns, dump_id, mine)
-                if new:
-                    log.info(
-                        "%s: %d keys Delta holds were missing from chunks %s of dump %d;"
-                        " dump %s reads them again and deletes those the source lacks",
-                        table,
-                        sum(len(k) for k in mine.values()),
-                        sorted(mine),
-                        dump_id,
-                        ", ".join(map(str, new)),
-                    )
-                created.extend(new)
-        return created
-
     def sweep(self, refs: Sequence[ChunkRef]) -> list[Swept]:
-        """The keys Delta holds that a table's whole dump found the source lacking, for tables
-        whose key order Spark does not share (:mod:`~airflow_dblog.engine.dump_keys`): each
-        closed range chunk's keys are kept; once every chunk of the table is in, Delta's live
-        keys last changed before the first chunk's window began that no chunk selected are
-        asked for again (an ordinary dump) or handed to the verdict of the chunk that completed
-        the table (a verify dump). A dump or chunk cancelled or failed sweeps nothing."""
-        mine = [
-            r
-            for r in refs
-            if r.covers is not None and r.low and not self.lake.orders_keys(TableId.parse(r.table))
-        ]
+        """The keys Delta holds that a table's dump found the source lacking, looked for once
+        every chunk of the table is in (:mod:`~airflow_dblog.engine.dump_keys`): one pass over
+        the table, not one per batch. Each closed range chunk's keys are kept until then.
+
+        Found keys go to a key-list dump, once per chunk (:meth:`MetadataStore.request_repair`:
+        a batch replayed after a crash asks for nothing twice), which reads each key again in
+        a watermark window and deletes, in log order in both sinks, those the source still
+        lacks. Delta does not delete them here: Kafka's forwarder is ahead of Delta, and a
+        delete sent now could follow a later re-insert of the key there. A verify dump's chunks
+        compare their own range (:meth:`verify_chunks`) where Spark orders the key as the
+        source does; elsewhere the keys found go to the verdict of the chunk that completed
+        the table. A dump or chunk cancelled or failed looks for nothing."""
+        mine = [r for r in refs if r.checks_extras and not (r.verify and self._ordered(r))]
         if not mine:
             return []
         keys = self.keys
@@ -108,26 +76,47 @@ class LakeChecks:
                 folders = dump_keys.complete(recorded, chunks)
                 if folders is None:
                     continue
-                before = min(low for _, low in folders)
-                uris = [keys.uri(folder) for folder, _ in folders]
-                found = self.lake.unlisted_keys(TableId.parse(table), uris, before)
                 last = max(
                     (r for r in mine if r.dump_id == dump_id and r.table == table),
                     key=lambda r: r.chunk_id,
                 )
-                swept.append(Swept(last.chunk_id, found, [f for f, _ in folders]))
+                names = [folder for folder, _ in folders]
+                before = min(low for _, low in folders)
+                found = self._extras(table, names, before, last.chunk_id)
+                swept.append(Swept(last.chunk_id, found.get(last.chunk_id, []), names))
                 if found and not last.verify:
-                    key_columns = list(self.lake.schemas[TableId.parse(table)].key)
-                    new = self.store.request_repair(
-                        table, key_columns, dump_id, {last.chunk_id: found}
-                    )
-                    if new:
-                        log.info(
-                            "%s: %d keys Delta holds were in no chunk of dump %d; dump %s reads"
-                            " them again and deletes those the source lacks",
-                            table, len(found), dump_id, ", ".join(map(str, new)),
-                        )  # fmt: skip
+                    self._request(table, dump_id, found)
         return swept
+
+    def _ordered(self, ref: ChunkRef) -> bool:
+        return self.lake.orders_keys(TableId.parse(ref.table))
+
+    def _extras(
+        self, table: str, folders: list[str], before: str, last: int
+    ) -> dict[int, list[list[Any]]]:
+        """The keys found, by chunk: each chunk's range with its own window where Spark orders
+        the key as the source does; else the whole table with the first chunk's window
+        (``before``), all on the ``last`` chunk."""
+        table_id = TableId.parse(table)
+        if self.lake.orders_keys(table_id):
+            ranges = dump_keys.refs(self.keys, folders)
+            return self.lake.extra_keys(ranges, self.keys).get(table, {})
+        unlisted = self.lake.unlisted_keys(table_id, [self.keys.uri(f) for f in folders], before)
+        return {last: unlisted} if unlisted else {}
+
+    def _request(self, table: str, dump_id: int, found: dict[int, list[list[Any]]]) -> None:
+        key_columns = list(self.lake.schemas[TableId.parse(table)].key)
+        new = self.store.request_repair(table, key_columns, dump_id, found)
+        if new:
+            log.info(
+                "%s: %d keys Delta holds were not in the source when chunks %s of dump %d read"
+                " them; dump %s reads them again and deletes those the source lacks",
+                table,
+                sum(len(k) for k in found.values()),
+                sorted(found),
+                dump_id,
+                ", ".join(map(str, new)),
+            )
 
     def verify_chunks(
         self, refs: Sequence[ChunkRef], swept: Mapping[int, list[list[Any]]] | None = None

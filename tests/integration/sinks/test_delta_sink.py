@@ -16,7 +16,7 @@ import pytest
 from airflow_dblog.config import DeltaSinkConfig
 from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.core.position import Position
-from airflow_dblog.engine import segment
+from airflow_dblog.engine import dump_keys, segment
 from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef, encode_rows
 from airflow_dblog.engine.event_text import EventText
 from airflow_dblog.engine.spool import DumpSpan
@@ -534,15 +534,23 @@ def test_the_keys_delta_holds_that_range_chunks_lacked_are_exactly_the_stale_liv
     )  # fmt: skip
     key_list = ChunkRef(chunk_id=24, folder="", selected=0, **base)  # type: ignore[arg-type]
     old = dataclasses.replace(a, chunk_id=25, low="")  # a record from before ranges were kept
-    found = sink.extra_keys([a, b, c, key_list, old], files)
-    assert {t: {c: sorted(k) for c, k in by.items()} for t, by in found.items()} == {
+    expected = {
         str(STOCK): {
             21: [[1, "2024-01-01"]],
             22: [[3, "2024-01-02"], [6, "2024-01-01"]],
             23: [[9, "2024-01-01"], [12, "2024-01-01"]],
         }
     }
+    sort = lambda found: {t: {c: sorted(k) for c, k in by.items()} for t, by in found.items()}  # noqa: E731
+    assert sort(sink.extra_keys([a, b, c, key_list, old], files)) == expected
     assert sink.extra_keys([key_list, old], files) == {}
+    # the same from the keys kept until the table's last chunk is in (the chunk files gone)
+    keys = ChunkFiles(str(tmp_path / "keys"))
+    for ref in (a, b, c):
+        dump_keys.record(files, keys, ref)
+    for ref in (a, c):
+        files.delete(ref.folder)
+    assert sort(sink.extra_keys(dump_keys.refs(keys, keys.folders()), keys)) == expected
 
 
 IDS = TableId("shop", "ids")

@@ -1,5 +1,6 @@
-"""The checks after Delta's batch: the keys range chunks found extra, a whole table's sweep and
-verify chunks' differences go to a follow-up dump, once; a verify chunk's first verdict stays."""
+"""The checks after Delta's batch: the keys a table's chunks found extra, sought once its last
+chunk is in, and verify chunks' differences go to a follow-up dump, once; a verify chunk's first
+verdict stays."""
 
 from __future__ import annotations
 
@@ -26,9 +27,11 @@ class _Lake:
         self.schemas = {T: TableSchema(T, (Column("id", "int", False),), ("id",))}
         self.found = found
         self.asked: list[list[int]] = []
+        self.ranges: list[ChunkRef] = []
 
     def extra_keys(self, refs: list[ChunkRef], files: Any) -> dict[str, dict[int, list[Any]]]:
         self.asked.append([r.chunk_id for r in refs])
+        self.ranges = refs
         return self.found
 
     def orders_keys(self, table: TableId) -> bool:
@@ -54,36 +57,43 @@ def _follow_ups(store: MetadataStore) -> list[int]:
     return [d.id for d in store.dumps("s") if d.kind == "keys"]
 
 
-def test_a_replayed_batch_asks_for_its_follow_up_dump_once(tmp_path: Path) -> None:
-    lake = _Lake({str(T): {10: [[3]], 11: [[7], [8]]}})
-    checks, store = _checks(tmp_path, lake)
-    refs = [_ref(10, 2), _ref(11, 2), _ref(12, 2, covers=None, low="")]  # 12: a key list
-    (created,) = checks.request_repairs(refs)
-    assert lake.asked == [[10, 11]]
-    dump = store.dump(created)
-    assert (dump.kind, dump.tables) == ("keys", [str(T)])
-    assert repaired_chunks(dump.requested_by, 2) == {10, 11}
-    assert [c.keys for c in store.chunks(created)] == [[[3], [7], [8]]]
-    assert checks.request_repairs(refs) == []  # the same batch after a crash
-    assert _follow_ups(store) == [created]
-
-
-def test_chunks_of_two_dumps_get_a_follow_up_each(tmp_path: Path) -> None:
-    lake = _Lake({str(T): {10: [[3]], 20: [[30]]}})
-    checks, store = _checks(tmp_path, lake)
-    first, second = checks.request_repairs([_ref(10, 2), _ref(20, 5)])
-    assert repaired_chunks(store.dump(first).requested_by, 2) == {10}
-    assert repaired_chunks(store.dump(second).requested_by, 5) == {20}
-
-
-def test_nothing_extra_asks_for_nothing_and_chunks_without_a_range_are_not_looked_at(
+def test_a_tables_extra_keys_are_sought_once_its_last_chunk_is_in_each_chunk_by_its_window(
     tmp_path: Path,
 ) -> None:
     lake = _Lake({})
     checks, store = _checks(tmp_path, lake)
-    assert checks.request_repairs([_ref(30, 7)]) == [] and _follow_ups(store) == []
-    assert checks.request_repairs([_ref(31, 7, low="")]) == []
-    assert lake.asked == [[30]]
+    dump_id, first, last = _two_chunks(store)
+    lake.found = {str(T): {first: [[3]], last: [[17], [18]]}}
+    files = checks.chunks
+    assert checks.sweep([_closed(files, dump_id, first, [1, 2], "0005")]) == []
+    assert lake.asked == []  # the table's last chunk is not in yet
+    closed_last = _closed(files, dump_id, last, [11], "0007")
+    checks.sweep([closed_last])
+    assert lake.asked == [[first, last]]
+    assert [(r.low, r.covers) for r in lake.ranges] == [
+        ("0005", [None, [20]]),
+        ("0007", [None, [20]]),
+    ]
+    (follow_up,) = _follow_ups(store)
+    assert repaired_chunks(store.dump(follow_up).requested_by, dump_id) == {first, last}
+    assert [c.keys for c in store.chunks(follow_up)] == [[[3], [17], [18]]]
+    checks.sweep([closed_last])  # the same batch after a crash
+    assert _follow_ups(store) == [follow_up]
+
+
+def test_nothing_extra_asks_for_nothing_and_chunks_without_a_range_are_not_kept(
+    tmp_path: Path,
+) -> None:
+    lake = _Lake({})
+    checks, store = _checks(tmp_path, lake)
+    dump_id, first, last = _two_chunks(store)
+    files = checks.chunks
+    checks.after_batch([_closed(files, dump_id, first, [1], "0005")])
+    checks.after_batch([_closed(files, dump_id, last, [], "0007")])
+    assert lake.asked == [[first, last]] and _follow_ups(store) == []
+    assert checks.keys.folders() == []  # dropped once looked at
+    checks.after_batch([_ref(31, 7, low=""), _ref(32, 7, covers=None)])
+    assert checks.keys.folders() == [] and len(lake.asked) == 1
 
 
 class _VerifyingLake(_Lake):
@@ -114,7 +124,7 @@ def test_a_repair_verify_asks_once_for_its_differences_and_keeps_its_first_verdi
     chunk_id = _verify_chunk(store, "repair")
     lake.compared = {chunk_id: found}
     ref = _ref(chunk_id, 8, selected=3, verify="repair", covers=None, low="")
-    assert checks.request_repairs([ref]) == []  # a verify chunk's extras are its own
+    assert checks.sweep([ref]) == []  # a verify chunk's extras are its own
     (verdict,) = checks.verify_chunks([ref]).values()
     assert (verdict.checked, verdict.missing, verdict.different, verdict.extra) == (3, 1, 1, 1)
     assert verdict.repaired == 3
