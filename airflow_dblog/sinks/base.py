@@ -37,9 +37,9 @@ class Sink(Protocol[Batch]):
 
 
 class ReadBack(Protocol):
-    """A sink whose tables can be read back: after a batch, it names the keys it holds that the
-    batch's closed range chunks found the source lacking (only a sink that can be queried can;
-    Kafka cannot)."""
+    """A sink whose tables can be read back: once a table's chunks are in, it names the keys it
+    holds that they found the source lacking (only a sink that can be queried can; Kafka
+    cannot)."""
 
     schemas: Mapping[TableId, TableSchema]
 

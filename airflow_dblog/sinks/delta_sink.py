@@ -785,48 +785,62 @@ class DeltaSink:
         files: ChunkFiles,
     ) -> DataFrame:
         """One table's candidates: ``table``, ``chunk_id``, ``key`` (the values as text)."""
+        from functools import reduce
+
         from pyspark.sql import functions as F
+
+        dumps = sorted({ref.dump_id for ref in checks})
+        if len(dumps) > 1:  # two dumps' chunks may cover the same keys: one look per dump
+            parts = [[r for r in checks if r.dump_id == d] for d in dumps]
+            looks = [self._extras(name, schema, types, part, files) for part in parts]
+            return reduce(lambda a, b: a.unionByName(b), looks)
 
         keys = [F.col(quoted(k)) for k in schema.key]
         position = F.col("_dblog_position")
         chunk_of: SparkColumn | None = None
-        anywhere = skim = F.lit(False)
+        # the chunks' span on the first key column (None: open on that side), which Delta
+        # skips files by; one span, not one per chunk: a table's hundred chunks would make an
+        # expression too big for Spark's code generation
+        lowers: list[SparkColumn] | None = []
+        uppers: list[SparkColumn] | None = []
         for ref in checks:
             assert ref.covers is not None
             lower, upper = ref.covers
             inside = ~_after(keys, types, upper) & (position < F.lit(ref.low))
-            # the same range on the first key column alone: Delta skips files by it
-            first = F.lit(True)
             if lower is not None:
                 inside = inside & _after(keys, types, lower)
-                first = keys[0] >= _typed(types[0], F.lit(str(lower[0])))
             if ref.beyond:
                 inside = inside | (_after(keys, types, upper) & (position < F.lit(ref.beyond)))
-            else:
-                first = first & (keys[0] <= _typed(types[0], F.lit(str(upper[0]))))
             chunk_of = (F.when if chunk_of is None else chunk_of.when)(inside, F.lit(ref.chunk_id))
-            anywhere, skim = anywhere | inside, skim | first
+            if lowers is not None:
+                lowers = (
+                    None if lower is None else [*lowers, _typed(types[0], F.lit(str(lower[0])))]
+                )
+            if uppers is not None:
+                uppers = None if ref.beyond else [*uppers, _typed(types[0], F.lit(str(upper[0])))]
         assert chunk_of is not None
-        aliases = [f"_k{i}" for i in range(len(keys))]
+        skim = position < F.lit(max(max(r.low, r.beyond) for r in checks))
+        if lowers:
+            skim = skim & (keys[0] >= (F.least(*lowers) if len(lowers) > 1 else lowers[0]))
+        if uppers:
+            skim = skim & (keys[0] <= (F.greatest(*uppers) if len(uppers) > 1 else uppers[0]))
+        names = list(schema.key)
         live = self._table(TableId.parse(name)).toDF().where(~F.col("_dblog_deleted"))
-        candidates = (
-            live.where(skim)
-            .where(anywhere)
-            .select(
-                chunk_of.alias("chunk_id"),
-                *[k.alias(a) for k, a in zip(keys, aliases, strict=True)],
-            )
-        )
+        unselected = live.where(skim).select(position, *keys)
         folders = [files.uri(ref.folder) for ref in checks if ref.folder]
         if folders:
+            # one dump's chunks cover disjoint ranges: a key is in one chunk's range at most.
+            # The few keys no chunk selected are kept, and only they are held against each
+            # chunk's own range and window
             chunk_rows = self.spark.read.schema(DUMP_KEYS_DDL).parquet(*folders)
-            selected = chunk_rows.select("chunk_id", *_typed_key(types, aliases))
-            candidates = candidates.join(selected, ["chunk_id", *aliases], "left_anti")
-        return candidates.select(
+            selected = chunk_rows.select(*_typed_key(types, names))
+            unselected = unselected.join(selected, names, "left_anti").localCheckpoint()
+        found = unselected.select(
             F.lit(name).alias("table"),
-            F.col("chunk_id").cast("bigint").alias("chunk_id"),
-            _text_key(aliases),
+            chunk_of.cast("bigint").alias("chunk_id"),
+            _text_key([quoted(k) for k in names]),
         )
+        return found.where(F.col("chunk_id").isNotNull())
 
     def compare(self, refs: Sequence[ChunkRef], files: ChunkFiles) -> Comparison:
         """What verify chunks found, per chunk: the keys of its rows Delta lacks or holds

@@ -544,6 +544,11 @@ def test_the_keys_delta_holds_that_range_chunks_lacked_are_exactly_the_stale_liv
     sort = lambda found: {t: {c: sorted(k) for c, k in by.items()} for t, by in found.items()}  # noqa: E731
     assert sort(sink.extra_keys([a, b, c, key_list, old], files)) == expected
     assert sink.extra_keys([key_list, old], files) == {}
+    # another dump's chunk over A's range that selected nothing: A's rows are not its rows
+    other = dataclasses.replace(a, chunk_id=26, dump_id=5, folder="", selected=0)
+    assert sort(sink.extra_keys([a, other], files)) == {
+        str(STOCK): {21: [[1, day]], 26: [[1, day], [2, day], [3, day]]}
+    }
     # the same from the keys kept until the table's last chunk is in (the chunk files gone)
     keys = ChunkFiles(str(tmp_path / "keys"))
     for ref in (a, b, c):
