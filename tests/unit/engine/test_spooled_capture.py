@@ -4,6 +4,7 @@ last segment written."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,8 @@ from airflow_dblog.config import Config
 from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.engine import capture as capture_module
 from airflow_dblog.engine.capture import SpooledCapture
-from airflow_dblog.engine.chunk_file import ChunkRef
+from airflow_dblog.engine.chunk_file import ChunkRef, ChunkSelected
+from airflow_dblog.engine.chunk_task import ChunkTask
 from airflow_dblog.engine.event_text import EventText
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.planner import plan_dump
@@ -111,9 +113,10 @@ def test_a_restart_reads_on_after_the_last_segment_written_not_the_last_commit(
     again.close()
 
 
-def test_a_chunk_closed_in_a_segment_still_on_disk_is_not_selected_again(
+def _until_a_chunk_closes(
     fake_db: FakeDatabase, items: TableId, tmp_path: Path
-) -> None:
+) -> tuple[Config, MetadataStore, SpooledCapture, int]:
+    """A three-row table's dump (one chunk), stepped until a segment closes its chunk."""
     fake_db.insert(items, *({"id": i, "v": "x"} for i in range(3)))
     config = fake_config(fake_db, [items], tmp_path, chunk_size=10)
     store = MetadataStore(config.metadata_url)
@@ -124,6 +127,13 @@ def test_a_chunk_closed_in_a_segment_still_on_disk_is_not_selected_again(
         seqs = capture.spool.segments()
         if any(isinstance(i, ChunkRef) for s in seqs for i in capture.spool.read(s).items):
             break
+    return config, store, capture, dump_id
+
+
+def test_a_chunk_closed_in_a_segment_still_on_disk_is_not_selected_again(
+    fake_db: FakeDatabase, items: TableId, tmp_path: Path
+) -> None:
+    config, store, capture, dump_id = _until_a_chunk_closes(fake_db, items, tmp_path)
     (chunk,) = store.chunks(dump_id)
     assert chunk.state == "selected"
     capture.reader.close()  # a crash before Spark committed the segment holding the chunk
@@ -135,25 +145,39 @@ def test_a_chunk_closed_in_a_segment_still_on_disk_is_not_selected_again(
     again.close()
 
 
+class _SelectsForever:
+    """A chunk runner whose SELECTs never end: the chunk stays in flight."""
+
+    ready = True
+
+    def submit(self, task: ChunkTask) -> Future[ChunkSelected]:
+        return Future()
+
+    def close(self) -> None:
+        pass
+
+
 def test_each_segment_counts_the_chunks_being_selected_when_it_was_written(
     fake_db: FakeDatabase, items: TableId, tmp_path: Path
 ) -> None:
     """Delta's next batch waits a moment for a chunk its segments say is being selected."""
-    fake_db.insert(items, *({"id": i, "v": "x"} for i in range(3)))
-    config = fake_config(fake_db, [items], tmp_path, chunk_size=10)
-    store = MetadataStore(config.metadata_url)
-    capture, _ = _open(config, store, fake_db)
-    plan_dump(config, store)
-    footers: list[dict] = []
-    for _ in range(200):
-        capture.step(timeout_s=0)
-        footers = [capture.spool.footer(s) for s in capture.spool.segments()]
-        if any(f["closed"] for f in footers):
-            break
-    closing = next(f for f in footers if f["closed"])
-    assert any(f["selecting"] == 1 for f in footers if f["seq"] < closing["seq"])
-    assert closing["selecting"] == 0  # the table's one chunk: nothing left selecting
+    _, _, capture, _ = _until_a_chunk_closes(fake_db, items, tmp_path)
+    footers = [capture.spool.footer(s) for s in capture.spool.segments()]
+    assert next(f for f in footers if f["closed"])["selecting"] == 0  # nothing left to select
     capture.close()
+
+    config = fake_config(fake_db, [items], tmp_path / "again", chunk_size=10)
+    store = MetadataStore(config.metadata_url)
+    spool = Spool(Path(config.checkpoint) / "spool")
+    readers = Readers(fake_db)
+    held = SpooledCapture(
+        config, store, FakeSource(fake_db.url), readers, spool, runner=_SelectsForever()
+    )
+    plan_dump(config, store)
+    for _ in range(5):
+        held.step(timeout_s=0)
+    assert held.spool.footer(held.spool.segments()[-1])["selecting"] == 1
+    held.close()
 
 
 def test_a_deleted_checkpoint_after_a_committed_segment_is_refused_in_one_line(
