@@ -741,8 +741,9 @@ class DeltaSink:
         before the chunk's window began (a change inside the window or after it is the log's
         word, newer than the SELECT), and it is not among the chunk's rows, those the window
         dropped included. For a table's last chunk, keys above its bound count too if Delta
-        last changed them before the bound was read. One Spark job for the whole batch. A
-        false candidate costs a re-read only: the follow-up dump reads each key again.
+        last changed them before the bound was read. One job per table and dump keeps the keys
+        none of its chunks selected, one more reads the found keys. A false candidate costs a
+        re-read only: the follow-up dump reads each key again.
         """
         from functools import reduce
 
