@@ -22,6 +22,7 @@ from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.planner import plan_dump
 from airflow_dblog.sources.base import Wake
 from tests.support.fake_source import FakeChangelogReader, FakeDatabase, FakeSource, fake_config
+from tests.support.held_runner import HeldRunner
 from tests.support.memory_sink import MemoryCapture, MemorySink
 
 
@@ -58,22 +59,6 @@ def _run_until(capture: MemoryCapture, done: Callable[[], bool], timeout_s: floa
     while not done():
         assert time.monotonic() < deadline, "the capture did not get there in time"
         capture.step(timeout_s=0)
-
-
-class HeldRunner:
-    """A runner whose SELECTs never finish: chunks stay in flight."""
-
-    ready = True
-
-    def __init__(self) -> None:
-        self.tasks: list[ChunkTask] = []
-
-    def submit(self, task: ChunkTask) -> Future[ChunkSelected]:
-        self.tasks.append(task)
-        return Future()
-
-    def close(self) -> None:
-        pass
 
 
 def _hold(capture: MemoryCapture) -> HeldRunner:

@@ -4,7 +4,6 @@ last segment written."""
 
 from __future__ import annotations
 
-from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,7 @@ from airflow_dblog.config import Config
 from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.engine import capture as capture_module
 from airflow_dblog.engine.capture import SpooledCapture
-from airflow_dblog.engine.chunk_file import ChunkRef, ChunkSelected
-from airflow_dblog.engine.chunk_task import ChunkTask
+from airflow_dblog.engine.chunk_file import ChunkRef
 from airflow_dblog.engine.event_text import EventText
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.planner import plan_dump
@@ -22,6 +20,7 @@ from airflow_dblog.engine.spool import Spool
 from airflow_dblog.errors import DblogError
 from airflow_dblog.sources.base import Offset
 from tests.support.fake_source import FakeChangelogReader, FakeDatabase, FakeSource, fake_config
+from tests.support.held_runner import HeldRunner
 
 pytest.importorskip("pyarrow")  # segments are Parquet
 
@@ -145,18 +144,6 @@ def test_a_chunk_closed_in_a_segment_still_on_disk_is_not_selected_again(
     again.close()
 
 
-class _SelectsForever:
-    """A chunk runner whose SELECTs never end: the chunk stays in flight."""
-
-    ready = True
-
-    def submit(self, task: ChunkTask) -> Future[ChunkSelected]:
-        return Future()
-
-    def close(self) -> None:
-        pass
-
-
 def test_each_segment_counts_the_chunks_being_selected_when_it_was_written(
     fake_db: FakeDatabase, items: TableId, tmp_path: Path
 ) -> None:
@@ -171,7 +158,7 @@ def test_each_segment_counts_the_chunks_being_selected_when_it_was_written(
     spool = Spool(Path(config.checkpoint) / "spool")
     readers = Readers(fake_db)
     held = SpooledCapture(
-        config, store, FakeSource(fake_db.url), readers, spool, runner=_SelectsForever()
+        config, store, FakeSource(fake_db.url), readers, spool, runner=HeldRunner()
     )
     plan_dump(config, store)
     for _ in range(5):
