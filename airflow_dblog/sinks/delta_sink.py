@@ -184,6 +184,14 @@ def _after(columns: Sequence[SparkColumn], types: Sequence[DataType], key: Seque
     return greater
 
 
+def _extreme(pick: Any, target: DataType, bounds: Sequence[Sequence[Any]]) -> SparkColumn:
+    """``pick`` (``least`` or ``greatest``) of the bounds' first values, typed as ``target``."""
+    from pyspark.sql import functions as F
+
+    values = [_typed(target, F.lit(str(bound[0]))) for bound in bounds]
+    return values[0] if len(values) == 1 else pick(*values)
+
+
 def same_values(schema: TableSchema, left: str, right: str) -> SparkColumn:
     """Whether two aliased rows hold the same values in every column but the key.
 
@@ -799,11 +807,6 @@ class DeltaSink:
         keys = [F.col(quoted(k)) for k in schema.key]
         position = F.col("_dblog_position")
         chunk_of: SparkColumn | None = None
-        # the chunks' span on the first key column (None: open on that side), which Delta
-        # skips files by; one span, not one per chunk: a table's hundred chunks would make an
-        # expression too big for Spark's code generation
-        lowers: list[SparkColumn] | None = []
-        uppers: list[SparkColumn] | None = []
         for ref in checks:
             assert ref.covers is not None
             lower, upper = ref.covers
@@ -813,18 +816,17 @@ class DeltaSink:
             if ref.beyond:
                 inside = inside | (_after(keys, types, upper) & (position < F.lit(ref.beyond)))
             chunk_of = (F.when if chunk_of is None else chunk_of.when)(inside, F.lit(ref.chunk_id))
-            if lowers is not None:
-                lowers = (
-                    None if lower is None else [*lowers, _typed(types[0], F.lit(str(lower[0])))]
-                )
-            if uppers is not None:
-                uppers = None if ref.beyond else [*uppers, _typed(types[0], F.lit(str(upper[0])))]
         assert chunk_of is not None
+        # the chunks' span on the first key column, which Delta skips files by; one span, not
+        # one per chunk: a table's hundred chunks would make an expression too big for Spark's
+        # code generation
+        lowers = [r.covers[0] for r in checks if r.covers is not None]
+        uppers = [r.covers[1] for r in checks if r.covers is not None]
         skim = position < F.lit(max(max(r.low, r.beyond) for r in checks))
-        if lowers:
-            skim = skim & (keys[0] >= (F.least(*lowers) if len(lowers) > 1 else lowers[0]))
-        if uppers:
-            skim = skim & (keys[0] <= (F.greatest(*uppers) if len(uppers) > 1 else uppers[0]))
+        if all(lower is not None for lower in lowers):
+            skim = skim & (keys[0] >= _extreme(F.least, types[0], lowers))
+        if not any(r.beyond for r in checks):
+            skim = skim & (keys[0] <= _extreme(F.greatest, types[0], uppers))
         names = list(schema.key)
         live = self._table(TableId.parse(name)).toDF().where(~F.col("_dblog_deleted"))
         unselected = live.where(skim).select(position, *keys)
