@@ -34,8 +34,10 @@ FULL_BATCH_EVENTS = 5000
 # ... once the log paused this long (no newer segment): a burst still arriving is one MERGE, not
 # one at 5,000 events and another for the rest (one MERGE costs less than two)
 QUIET_S = 1.0
-# A due batch waits this much longer while a dump's chunk is selected or its window is open (the
-# newest segment says so): a chunk that misses a big batch by a moment costs a batch of its own
+# A due batch waits while a dump's chunk is selected or its window is open (the newest segment
+# says so), as long as the last batch took and at least this long: a chunk that closes just after
+# a batch starts waits for that batch to end and then for a batch of its own, so waiting up to
+# one batch's time for it costs its rows nothing and saves a batch's fixed cost
 CHUNK_WAIT_S = 1.0
 # Segments of heartbeats alone (an idle log) wait at least this long for a batch: they only move
 # the committed offset
@@ -75,6 +77,10 @@ class ChangelogStreamReader(DataSourceStreamReader):
         self._footer_counts: dict[int, tuple[int, bool, int]] = {}
         # (first segment, since when) of a batch waiting for a chunk being selected
         self._waiting: tuple[int, float] | None = None
+        # when the last batch was handed to Spark, until the next call (Spark asks again once
+        # that batch is written), and how long the last batch took from there
+        self._handed_at: float | None = None
+        self._last_batch_s = 0.0
 
     def _spool(self) -> Spool:
         return Spool(self.directory, conf=self.conf)
@@ -88,6 +94,9 @@ class ChangelogStreamReader(DataSourceStreamReader):
         if start is None:
             seqs = spool.segments()
             return {"segment": seqs[-1] + 1 if seqs else 0}
+        now = time.time()
+        if self._handed_at is not None:
+            self._last_batch_s, self._handed_at = now - self._handed_at, None
         first = int(start["segment"])
         entries = spool.entries(after=first - 1)  # one listing: sizes and times come with it
         taken: list[int] = []
@@ -100,9 +109,8 @@ class ChangelogStreamReader(DataSourceStreamReader):
         if not taken:
             return {"segment": first}
         if len(taken) < len(entries):  # a backlog's full bite: due, whatever its events
-            return {"segment": taken[-1] + 1}
+            return self._hand(taken[-1] + 1, now)
         self._footer_counts = {seq: o for seq, o in self._footer_counts.items() if seq >= first}
-        now = time.time()
         age, quiet = now - entries[taken[0]].mtime, now - entries[taken[-1]].mtime
         events, closes = 0, False
         for seq in taken:  # footers only until the batch is due (a GET each on S3)
@@ -115,7 +123,11 @@ class ChangelogStreamReader(DataSourceStreamReader):
             return {"segment": first}
         if self._waits_for_chunk(spool, first, taken[-1], now):
             return {"segment": first}
-        return {"segment": taken[-1] + 1}
+        return self._hand(taken[-1] + 1, now)
+
+    def _hand(self, end: int, now: float) -> dict[str, Any]:
+        self._handed_at = now
+        return {"segment": end}
 
     def _counts(self, spool: Spool, seq: int) -> tuple[int, bool, int]:
         if seq not in self._footer_counts:
@@ -129,12 +141,13 @@ class ChangelogStreamReader(DataSourceStreamReader):
 
     def _waits_for_chunk(self, spool: Spool, first: int, newest: int, now: float) -> bool:
         """Whether the batch from ``first`` waits for a chunk the ``newest`` segment says is
-        being selected, at most :data:`CHUNK_WAIT_S` from the first time it was due."""
+        being selected: from the first time it was due, as long as the last batch took (at
+        least :data:`CHUNK_WAIT_S`)."""
         if not self._counts(spool, newest)[2]:
             return False
         if self._waiting is None or self._waiting[0] != first:
             self._waiting = (first, now)
-        return now - self._waiting[1] < CHUNK_WAIT_S
+        return now - self._waiting[1] < max(CHUNK_WAIT_S, self._last_batch_s)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         first, stop = int(start["segment"]), int(end["segment"])

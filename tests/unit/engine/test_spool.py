@@ -9,8 +9,10 @@ import datetime as dt
 import decimal
 import json
 import os
+import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -371,6 +373,7 @@ def test_a_due_batch_waits_a_moment_for_a_chunk_still_being_selected(
     pytest.importorskip("pyspark")
     from airflow_dblog.spark import changelog_source
 
+    clock = _fake_clock(monkeypatch, changelog_source)
     spool = Spool(tmp_path)
     spool.append([], {"closed": [{"chunk_id": 1}], "selecting": 1})
     reader = changelog_source.ChangelogStreamReader(str(tmp_path))
@@ -378,9 +381,44 @@ def test_a_due_batch_waits_a_moment_for_a_chunk_still_being_selected(
     spool.append([], {"closed": [{"chunk_id": 2}], "selecting": 0})
     assert reader.latestOffset({"segment": 0}) == {"segment": 2}  # it closed: both go
     spool.append([_event(1)], {"closed": [], "selecting": 1})
+    clock[0] += 0.1  # that batch took 0.1 s: the wait is CHUNK_WAIT_S
     assert reader.latestOffset({"segment": 2}) == {"segment": 2}  # due by age, waits too
-    monkeypatch.setattr(changelog_source, "CHUNK_WAIT_S", 0.0)
+    clock[0] += changelog_source.CHUNK_WAIT_S
     assert reader.latestOffset({"segment": 2}) == {"segment": 3}  # no longer than that
+
+
+def test_a_due_batch_waits_for_a_chunk_being_selected_as_long_as_the_last_batch_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk that closes just after a batch starts waits for it and then for a batch of its
+    own: waiting up to one batch's time for it costs its rows nothing and saves a batch."""
+    pytest.importorskip("pyspark")
+    from airflow_dblog.spark import changelog_source
+
+    clock = _fake_clock(monkeypatch, changelog_source)
+    spool = Spool(tmp_path)
+    spool.append([], {"closed": [{"chunk_id": 1}], "selecting": 0})
+    reader = changelog_source.ChangelogStreamReader(str(tmp_path))
+    assert reader.latestOffset({"segment": 0}) == {"segment": 1}
+    clock[0] += 6.0  # Spark asks again once that batch is written: it took 6 s
+    spool.append([], {"closed": [{"chunk_id": 2}], "selecting": 1})
+    assert reader.latestOffset({"segment": 1}) == {"segment": 1}
+    clock[0] += 5.9
+    assert reader.latestOffset({"segment": 1}) == {"segment": 1}
+    clock[0] += 0.1
+    assert reader.latestOffset({"segment": 1}) == {"segment": 2}  # a batch's time: it goes
+    clock[0] += 0.5  # that one took 0.5 s: the next waits CHUNK_WAIT_S
+    spool.append([], {"closed": [{"chunk_id": 3}], "selecting": 1})
+    assert reader.latestOffset({"segment": 2}) == {"segment": 2}
+    clock[0] += changelog_source.CHUNK_WAIT_S
+    assert reader.latestOffset({"segment": 2}) == {"segment": 3}
+
+
+def _fake_clock(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[float]:
+    """The reader's clock from now on, moved by the test alone."""
+    clock = [time.time()]
+    monkeypatch.setattr(module, "time", SimpleNamespace(time=lambda: clock[0]))
+    return clock
 
 
 def test_a_batch_is_due_when_old_big_or_completing_a_chunk() -> None:
