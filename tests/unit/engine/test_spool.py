@@ -381,7 +381,7 @@ def test_a_due_batch_waits_a_moment_for_a_chunk_still_being_selected(
     spool.append([], {"closed": [{"chunk_id": 2}], "selecting": 0})
     assert reader.latestOffset({"segment": 0}) == {"segment": 2}  # it closed: both go
     spool.append([_event(1)], {"closed": [], "selecting": 1})
-    clock[0] += 0.1  # that batch took 0.1 s: the wait is CHUNK_WAIT_S
+    clock[0] += 0.25  # that batch took 0.25 s: the wait is CHUNK_WAIT_S
     assert reader.latestOffset({"segment": 2}) == {"segment": 2}  # due by age, waits too
     clock[0] += changelog_source.CHUNK_WAIT_S
     assert reader.latestOffset({"segment": 2}) == {"segment": 3}  # no longer than that
@@ -403,9 +403,9 @@ def test_a_due_batch_waits_for_a_chunk_being_selected_as_long_as_the_last_batch_
     clock[0] += 6.0  # Spark asks again once that batch is written: it took 6 s
     spool.append([], {"closed": [{"chunk_id": 2}], "selecting": 1})
     assert reader.latestOffset({"segment": 1}) == {"segment": 1}
-    clock[0] += 5.9
+    clock[0] += 5.5
     assert reader.latestOffset({"segment": 1}) == {"segment": 1}
-    clock[0] += 0.1
+    clock[0] += 0.5
     assert reader.latestOffset({"segment": 1}) == {"segment": 2}  # a batch's time: it goes
     clock[0] += 0.5  # that one took 0.5 s: the next waits CHUNK_WAIT_S
     spool.append([], {"closed": [{"chunk_id": 3}], "selecting": 1})
@@ -415,8 +415,9 @@ def test_a_due_batch_waits_for_a_chunk_being_selected_as_long_as_the_last_batch_
 
 
 def _fake_clock(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[float]:
-    """The reader's clock from now on, moved by the test alone."""
-    clock = [time.time()]
+    """The reader's clock, moved by the test alone: whole seconds ahead of the segments' times
+    (they are old enough for any age rule), steps the tests take in exact binary fractions."""
+    clock = [float(int(time.time()) + 10)]
     monkeypatch.setattr(module, "time", SimpleNamespace(time=lambda: clock[0]))
     return clock
 
