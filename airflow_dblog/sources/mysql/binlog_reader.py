@@ -97,7 +97,7 @@ from airflow_dblog.core.gtid import GtidSet, MysqlGtidSet
 from airflow_dblog.core.position import Position, binlog_file_index
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.sources.base import Offset, StreamReader, Wake
-from airflow_dblog.sources.mysql.binlog_codecs import column_converters, shape_matches
+from airflow_dblog.sources.mysql.binlog_codecs import RowDecoder, row_decoder, shape_matches
 from airflow_dblog.sources.mysql.connection import (
     ConnectionSettings,
     connect_error,
@@ -210,12 +210,30 @@ def _same_history(ours: str, theirs: str) -> bool:
 
 @dataclass
 class _TableCodec:
-    """How to turn one table map's decoded rows into dblog items."""
+    """How to turn one table map's rows events into dblog items; ``images`` decodes an event's
+    row images (an update's before and after in turn)."""
 
     table: TableId
     key: tuple[str, ...]
-    convert: list[tuple[str, Callable[[Any], Any]]]
+    images: Callable[[Any], list[Row]]
     watermark: bool
+
+
+def _images_of(decoder: RowDecoder) -> Callable[[Any], list[Row]]:
+    """Decode a pymysqlreplication rows event's images with ``decoder``, from the bytes the
+    library's header parsing left unread (its own row decoding never runs)."""
+
+    def images(event: Any) -> list[Row]:
+        wrapper = event.packet  # the library's reader over the pymysql packet
+        packet = wrapper.packet
+        start = packet._position
+        end = start + event.event_size - wrapper.read_bytes
+        present = (event.columns_present_bitmap,)
+        if isinstance(event, UpdateRowsEvent):
+            present += (event.columns_present_bitmap2,)
+        return decoder.images(packet._data, start, end, present)
+
+    return images
 
 
 class BinlogReader(StreamReader):
@@ -728,8 +746,8 @@ class BinlogReader(StreamReader):
         if not named:
             for col, ci in zip(columns, info.columns, strict=True):
                 col.name = ci.name
-        convert = column_converters(columns, info)
-        self._codecs[event.table_id] = _TableCodec(table, info.schema.key, convert, watermark)
+        images = _images_of(row_decoder(columns, info))
+        self._codecs[event.table_id] = _TableCodec(table, info.schema.key, images, watermark)
 
     # -- rows -------------------------------------------------------------------------------
 
@@ -753,13 +771,15 @@ class BinlogReader(StreamReader):
         # items of this transaction so far, read or not: a resume by GTID (which starts at the
         # transaction) skips the ones already returned
         n, returned = self._trx_items, self._skip_items
+        images = codec.images(event)
         if codec.watermark:
-            for index, row in enumerate(event.rows):
+            step = 2 if kind == "u" else 1
+            for index in range(len(images) // step):
                 position = Position.mysql(fi, end, index)
                 n += 1
                 if kind == "d" or (skip is not None and position <= skip) or n <= returned:
                     continue
-                image = row["after_values"] if kind == "u" else row["values"]
+                image = images[index * step + step - 1]
                 stream = str(image["stream"])
                 if self.watermark_stream is not None and stream != self.watermark_stream:
                     continue
@@ -768,28 +788,19 @@ class BinlogReader(StreamReader):
                 self._produced = position
             self._trx_items = n
             return
-        convert = codec.convert
         key_cols = codec.key
         table = codec.table
         gtid = self._gtid
         ts_ms = int(event.timestamp) * 1000
         index = 0
-        for row in event.rows:
-            if kind == "u":
-                before: Row | None = row["before_values"]
-                after: Row | None = row["after_values"]
-                images = (before, after)
-            elif kind == "c":
-                before, after = None, row["values"]
-                images = (after,)
-            else:
-                before, after = row["values"], None
-                images = (before,)
-            if convert:
-                for image in images:
-                    for name, fn in convert:
-                        if name in image:  # type: ignore[operator]
-                            image[name] = fn(image[name])  # type: ignore[index]
+        rows: Iterable[tuple[Row | None, Row | None]]
+        if kind == "u":
+            rows = zip(images[0::2], images[1::2], strict=True)
+        elif kind == "c":
+            rows = ((None, image) for image in images)
+        else:
+            rows = ((image, None) for image in images)
+        for before, after in rows:
             try:
                 old_key = None if before is None else tuple([before[c] for c in key_cols])
                 new_key = None if after is None else tuple([after[c] for c in key_cols])

@@ -491,77 +491,103 @@ def test_watermark_events(db: Db, source: MysqlSource, readers: list[BinlogReade
     assert_increasing(items)
 
 
-def test_select_and_binlog_values_have_the_same_types(
+_EVERY_TYPE = {  # column definition: a value, an edge value (NULL is the third row's)
+    "ti": ("tinyint", -128, 127),
+    "tiu": ("tinyint unsigned", 0, 255),
+    "smu": ("smallint unsigned", 65535, 1),
+    "mi": ("mediumint", -8388608, 8388607),
+    "miu": ("mediumint unsigned", 16777215, 0),
+    "iu": ("int unsigned", 4294967295, 0),
+    "bi": ("bigint", -(2**63), 2**63 - 1),
+    "bu": ("bigint unsigned", 2**64 - 1, 0),
+    "fl": ("float", 3.14159, -1.5e-7),
+    "db": ("double", 2.718281828459045, -0.0),
+    "d0": ("decimal(5,0)", decimal.Decimal("-99999"), decimal.Decimal("7")),
+    "d4": ("decimal(4,4)", decimal.Decimal("0.0001"), decimal.Decimal("-0.9999")),
+    "d30": (
+        "decimal(30,10)",
+        decimal.Decimal("-12345678901234567890.0123456789"),
+        decimal.Decimal("0.0000000001"),
+    ),
+    "day": ("date", dt.date(1000, 1, 1), dt.date(9999, 12, 31)),
+    "at0": ("datetime", dt.datetime(2038, 1, 19, 3, 14, 8), dt.datetime(2000, 1, 1)),
+    "at6": ("datetime(6)", dt.datetime(2024, 2, 29, 23, 59, 59, 999999), dt.datetime(1999, 12, 31)),
+    "at3": ("datetime(3)", dt.datetime(2024, 2, 29, 1, 2, 3, 456000), dt.datetime(1000, 1, 1)),
+    "at5": ("datetime(5)", dt.datetime(2001, 1, 1, 0, 0, 0, 12340), dt.datetime(2001, 1, 1)),
+    "ts1": ("timestamp(1) NULL", dt.datetime(2020, 5, 6, 7, 8, 9, 100000), None),
+    "ts3": ("timestamp(3) NULL", dt.datetime(2024, 1, 1, 12, 0, 0, 123000), None),
+    "tm": ("time", dt.timedelta(hours=-838, minutes=-59, seconds=-59), dt.timedelta(0)),
+    "tm6": (
+        "time(6)",
+        dt.timedelta(hours=12, minutes=34, seconds=56, microseconds=789012),
+        dt.timedelta(hours=838, minutes=59, seconds=59),
+    ),
+    "yr": ("year", 2024, 0),
+    "ch": ("char(5)", "ab ✓", ""),
+    "vc": ("varchar(300)", "é" * 300, ""),
+    "bn": ("binary(4)", b"\x01\x00", b"\x00\x00\x00\x00"),
+    "vb": ("varbinary(10)", b"\xff\x00", b""),
+    "tt": ("tinytext", "tiny", ""),
+    "tx": ("text", "héllo ✓", ""),
+    "bl": ("blob", b"\xff\x00\xfe", b""),
+    "mb": ("mediumblob", b"\x00" * 70000, b""),
+    "js": ("json", '{"a": [1, 2.5, "✓"]}', "null"),
+    "en": ("enum('x','y''s','z')", "y's", "z"),
+    "st": ("set('a','b','c')", "a,c", ""),
+    "b1": ("bit(1)", b"\x01", b"\x00"),
+    "b10": ("bit(10)", b"\x02\x01", b"\x00\x00"),
+    "u": ("uuid", str(uuid.UUID("0123abcd-4567-89ab-cdef-0123456789ab")), str(uuid.uuid4())),
+    "lat": ("varchar(10) CHARACTER SET latin1", "Ærø€", ""),
+}
+
+
+def test_every_type_reads_from_the_binlog_as_a_select_returns_it_in_every_image(
     db: Db, source: MysqlSource, readers: list[BinlogReader]
 ) -> None:
+    """The reader decodes row images itself: each value of an insert, of both images of an
+    update and of a delete equals what a SELECT returned at that moment, type included."""
+    columns = ", ".join(f"{name} {kind} NULL" for name, (kind, _, _) in _EVERY_TYPE.items())
     db.execute(
-        f"CREATE TABLE {db.q('types')} (id int PRIMARY KEY, big bigint unsigned,"
-        " s varchar(20), d decimal(12,3), day date, at datetime(6), at0 datetime,"
-        " b binary(16), vb varbinary(8), u char(36), lat varchar(10) CHARACTER SET latin1,"
-        " txt text, bl blob, ts timestamp(3) NULL, sm smallint, ti tinyint unsigned, f double)"
-        " CHARACTER SET utf8mb4"
+        f"CREATE TABLE {db.q('every')} (id int PRIMARY KEY, {columns}) CHARACTER SET utf8mb4"
     )
-    reader = open_reader(readers, db, ["types"])
-    rows = [
-        (
-            1,
-            2**64 - 1,
-            "héllo ✓",
-            decimal.Decimal("-12.500"),
-            dt.date(2024, 2, 29),
-            dt.datetime(2024, 2, 29, 23, 59, 59, 999999),
-            dt.datetime(2000, 1, 1),
-            uuid.uuid4().bytes[:15] + b"\x00",
-            b"\x00\x01\x00",
-            str(uuid.uuid4()),
-            "Ærø",
-            "long text",
-            b"\xff\x00\xfe",
-            dt.datetime(2024, 1, 1, 12, 0, 0, 123000),
-            -3,
-            255,
-            1.25,
-        ),
-        (
-            2,
-            0,
-            "",
-            decimal.Decimal("0.000"),
-            dt.date(1970, 1, 1),
-            dt.datetime(1999, 12, 31),
-            dt.datetime(2038, 1, 19, 3, 14, 8),
-            b"\x00" * 16,
-            b"",
-            str(uuid.uuid4()),
-            "",
-            "",
-            b"",
-            None,
-            0,
-            0,
-            0.0,
-        ),
-    ]
-    marks = ", ".join(["%s"] * len(rows[0]))
-    db.execute(f"INSERT INTO {db.q('types')} VALUES ({marks})", rows)
-    db.execute(f"UPDATE {db.q('types')} SET s = 'changed' WHERE id = 2")
-    events = changes(drain(reader, 3))
-    selected = dict(source.select_range(db.table("types"), None, (2,), 10))
-    logged = {e.key: e.after for e in events[:2]}
-    logged_update = events[2]
-    for key, row in selected.items():
-        binlog = logged[key]
-        assert binlog is not None
-        assert list(binlog) == list(row)
-        for name, value in row.items():
-            if key == (2,) and name == "s":
-                continue
-            assert binlog[name] == value, name
-            assert type(binlog[name]) is type(value), name
-    assert logged_update.after == selected[(2,)]
-    assert {k: type(v) for k, v in logged_update.after.items()} == {  # type: ignore[union-attr]
-        k: type(v) for k, v in selected[(2,)].items()
+    reader = open_reader(readers, db, ["every"])
+    marks = ", ".join(["%s"] * (len(_EVERY_TYPE) + 1))
+    firsts = [first for _, first, _ in _EVERY_TYPE.values()]
+    edges = [edge for _, _, edge in _EVERY_TYPE.values()]
+    nulls = [None] * len(_EVERY_TYPE)
+    db.execute(
+        f"INSERT INTO {db.q('every')} VALUES ({marks})", [[1, *firsts], [2, *edges], [3, *nulls]]
+    )
+
+    def selected() -> dict[Any, Any]:
+        return dict(source.select_range(db.table("every"), None, (3,), 10))
+
+    inserted = selected()
+    assert inserted[(3,)] == {"id": 3, **dict.fromkeys(_EVERY_TYPE)}
+    db.execute(f"UPDATE {db.q('every')} SET id = id + 10, tiu = 255 - tiu WHERE id < 3")
+    updated = {
+        (key[0] - 10,): row
+        for key, row in dict(source.select_range(db.table("every"), (10,), None, 10)).items()
     }
+    db.execute(f"DELETE FROM {db.q('every')}")
+    events = changes(drain(reader, 3 + 4 + 3))
+    expected = [
+        *(("c", None, inserted[k]) for k in [(1,), (2,), (3,)]),
+        *(
+            (op, inserted[k] if op == "d" else None, updated[k] if op == "c" else None)
+            for k in [(1,), (2,)]
+            for op in "dc"
+        ),
+        ("d", inserted[(3,)], None),
+        *(("d", updated[k], None) for k in [(1,), (2,)]),
+    ]
+    assert [e.op for e in events] == [op for op, _, _ in expected]
+    for event, (_, before, after) in zip(events, expected, strict=True):
+        for got, want in ((event.before, before), (event.after, after)):
+            assert (got is None) == (want is None)
+            if want is not None:
+                assert got == want
+                assert {k: type(v) for k, v in got.items()} == {k: type(v) for k, v in want.items()}
 
 
 def test_snapshot_position_splits_the_binlog(

@@ -309,7 +309,7 @@ def _trx(gtid: str, start: int, ids: list[int]) -> list[Any]:
     begin = _event(GtidEvent, start + 79, sid=bytes.fromhex(uuid.replace("-", "")), gno=int(gno))
     begin.packet = _packet(start + 79, 79)
     rows = _event(WriteRowsEvent, start + 200, table_id=5, timestamp=1_700_000_000)
-    rows._RowsEvent__rows = [{"values": {"id": i}} for i in ids]
+    rows.images = [{"id": i} for i in ids]
     return [begin, rows, _event(XidEvent, start + 231)]
 
 
@@ -323,7 +323,8 @@ def _read(reader: BinlogReader, events: list[Any], max_items: int) -> list[Any]:
     feed: Iterator[Any] = iter(events)
     idle = _event(HeartbeatLogEvent, 0)
     reader._fetch = lambda: next(feed, idle)  # type: ignore[method-assign]
-    reader._codecs[5] = binlog_reader._TableCodec(TABLE, ("id",), [], watermark=False)
+    images = lambda event: event.images  # noqa: E731
+    reader._codecs[5] = binlog_reader._TableCodec(TABLE, ("id",), images, watermark=False)
     return reader.read(max_items, 0.5)
 
 
