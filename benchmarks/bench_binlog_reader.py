@@ -1,11 +1,13 @@
 """MySQL/MariaDB binlog decoding: raw pymysqlreplication vs dblog's BinlogReader.
 
-Writes N rows in batched multi-row INSERTs into a fresh database, then decodes that same binlog
-range twice: (a) pymysqlreplication's BinLogStreamReader, iterating every row of every rows
-event; (b) BinlogReader.read() producing ChangeEvents. Prints one JSON object.
+Writes N rows in batched multi-row INSERTs into a fresh database (or, with ``--updates M``, then
+M single-row UPDATEs of random keys, each its own transaction, as a steady update load writes
+them), then decodes that same binlog range twice: (a) pymysqlreplication's BinLogStreamReader,
+iterating every row of every rows event; (b) BinlogReader.read() producing ChangeEvents. Prints
+one JSON object.
 
-    python benchmarks/bench_binlog_reader.py [--rows 50000] [--batch 1000] [--repeat 3]
-        [--url mysql://dblog:dblog@127.0.0.1:3306]
+    python benchmarks/bench_binlog_reader.py [--rows 50000] [--batch 1000] [--updates 0]
+        [--repeat 3] [--url mysql://dblog:dblog@127.0.0.1:3306]
 
 Each decoder runs ``--repeat`` times, alternating; the best time of each is reported (the
 machine is shared, so single runs are noisy).
@@ -26,7 +28,7 @@ from typing import Any
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.row_event import WriteRowsEvent
+from pymysqlreplication.row_event import UpdateRowsEvent, WriteRowsEvent
 
 from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.sources.mysql.binlog_reader import BinlogReader
@@ -64,9 +66,16 @@ def write_rows(conn: Any, db: str, rows: int, batch: int) -> None:
             )
 
 
-def bench_raw(
-    url: str, db: str, file: str, pos: int, rows: int, event: type = WriteRowsEvent
-) -> float:
+def update_rows(conn: Any, db: str, rows: int, updates: int) -> None:
+    rng = random.Random(11)
+    with conn.cursor() as cur:
+        for _ in range(updates):
+            cur.execute(
+                f"UPDATE `{db}`.bench SET qty = qty + 1 WHERE id = %s", (rng.randrange(rows),)
+            )
+
+
+def bench_raw(url: str, db: str, file: str, pos: int, rows: int, event: type) -> float:
     """Seconds pymysqlreplication takes to decode ``rows`` rows of ``event``s of table bench."""
     settings = parse_mysql_url(url).pymysql_kwargs()
     stream = BinLogStreamReader(
@@ -114,6 +123,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--batch", type=int, default=1_000)
+    parser.add_argument("--updates", type=int, default=0, help="then decode M single-row UPDATEs")
     parser.add_argument("--repeat", type=int, default=3, help="best of N, alternating")
     parser.add_argument("--url", default=_default_url())
     args = parser.parse_args(argv)
@@ -127,11 +137,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         file, pos = source.master_status()
         t0 = time.perf_counter()
         write_rows(conn, db, args.rows, args.batch)
+        event, events = WriteRowsEvent, args.rows
+        if args.updates:
+            file, pos = source.master_status()
+            t0 = time.perf_counter()
+            update_rows(conn, db, args.rows, args.updates)
+            event, events = UpdateRowsEvent, args.updates
         write_s = time.perf_counter() - t0
         raw_times, reader_times = [], []
         for _ in range(max(1, args.repeat)):
-            raw_times.append(bench_raw(args.url, db, file, pos, args.rows))
-            reader_times.append(bench_reader(args.url, db, file, pos, args.rows))
+            raw_times.append(bench_raw(args.url, db, file, pos, events, event))
+            reader_times.append(bench_reader(args.url, db, file, pos, events))
         raw_s, reader_s = min(raw_times), min(reader_times)
     finally:
         with conn.cursor() as cur:
@@ -143,10 +159,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "server": source.version,
         "rows": args.rows,
         "batch": args.batch,
+        "updates": args.updates,
         "repeat": max(1, args.repeat),
         "write_s": round(write_s, 3),
-        "raw_pymysqlreplication_events_per_s": round(args.rows / raw_s),
-        "binlog_reader_events_per_s": round(args.rows / reader_s),
+        "raw_pymysqlreplication_events_per_s": round(events / raw_s),
+        "binlog_reader_events_per_s": round(events / reader_s),
         "raw_s": round(raw_s, 3),
         "binlog_reader_s": round(reader_s, 3),
         "reader_vs_raw_ratio": round(raw_s / reader_s, 3),
