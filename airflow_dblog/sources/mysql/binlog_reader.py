@@ -48,10 +48,11 @@ Schemas
     reader is behind an ALTER it has not seen) is refused with a SourceError rather than decoded
     under wrong names.
 
-Values are converted to the Python types a SELECT through PyMySQL returns (bytes for binary
-columns, Decimal, date, datetime, text for SET/BIT/JSON/UUID, ...), so the merge can compare
-logged keys with dumped keys. TRUNCATE TABLE is a statement in the binlog and produces no
-events (a warning is logged).
+pymysqlreplication parses the protocol and the table maps; ``binlog_codecs`` decodes the row
+images, into the Python types a SELECT through PyMySQL returns (bytes for binary columns and BIT,
+Decimal, date, datetime, text for SET/JSON/UUID, ...), so the merge can compare logged keys with
+dumped keys. TRUNCATE TABLE is a statement in the binlog and produces no events (a warning is
+logged).
 
 Replica identity: ``server_id`` must be unique among the server's replicas (a second connection
 with the same id disconnects the first); :func:`server_id_for` derives a stable one from the

@@ -7,9 +7,9 @@ into SQL. Key order is the server's business (column collations decide how strin
 module never sorts keys in Python.
 
 Values come back in the types PyMySQL produces (int, str, Decimal, date, datetime, bytes, ...),
-and :mod:`~airflow_dblog.sources.mysql.binlog_codecs` converts binlog values to the same types,
-so a dumped row and a logged change of the same key compare equal. The session time zone is UTC so
-TIMESTAMP columns read the same from a SELECT and from the binlog.
+and :mod:`~airflow_dblog.sources.mysql.binlog_codecs` decodes binlog row images into the same
+types, so a dumped row and a logged change of the same key compare equal. The session time zone
+is UTC so TIMESTAMP columns read the same from a SELECT and from the binlog.
 
 Positions: ``SHOW MASTER STATUS`` and ``binlog_snapshot_position`` are *end* positions (the end of
 the last event written). They are returned as ``Position.mysql(file, end, END_OF_EVENT)``: after

@@ -1,10 +1,11 @@
 """How a SELECT's text values become Python values: PyMySQL's types, parsed faster.
 
 A dumped row must compare equal to the same row decoded from the binlog, so the types stay
-PyMySQL's (``binlog_codecs`` converts to them). Only the parse of dates and times changes: the
-server sends them in ISO form, which ``fromisoformat`` reads in C, where PyMySQL runs a regular
-expression and a Python loop per value. Whatever ``fromisoformat`` refuses (zero dates, invalid
-dates a lax ``sql_mode`` stored) goes to PyMySQL's own converter, which returns it as text.
+PyMySQL's (``binlog_codecs`` decodes the binlog into them). Only the parse of dates and times
+changes: the server sends them in ISO form, which ``fromisoformat`` reads in C, where PyMySQL runs
+a regular expression and a Python loop per value. Whatever ``fromisoformat`` refuses (zero dates,
+invalid dates a lax ``sql_mode`` stored) goes to PyMySQL's own converter, which returns it as
+text.
 """
 
 from __future__ import annotations
