@@ -5,9 +5,9 @@ every column of every image through several method calls per value, and what it 
 from a SELECT for some types (BINARY padding, BIT, SET, JSON, FLOAT, MariaDB's UUID, unsigned
 integers without ``binlog_row_metadata=FULL``). Decoding the images was most of the capture
 thread's time under a steady update load, so the reader decodes them itself: :func:`row_decoder`
-completes a table map's column descriptions from information_schema once and builds, per column,
-a reader of its binlog encoding that returns what a SELECT returns; a rows event is then read
-straight from its bytes. Logged values must equal dumped ones: the merge compares logged keys
+builds, once per table map (taking from information_schema what the map's metadata lacks), a
+reader per column of its binlog encoding that returns what a SELECT returns; a rows event is then
+read straight from its bytes. Logged values must equal dumped ones: the merge compares logged keys
 with dumped keys, and verify compares whole rows.
 """
 
@@ -96,10 +96,10 @@ def _reader(col: Any, ci: ColumnInfo | None) -> Reader:
     kind = col.type
     unsigned = bool(col.unsigned) or bool(ci and ci.unsigned)
     if kind in _INTEGERS:
-        size, signed, unsigned_format = _INTEGERS[kind]
-        if size == 3:
-            return _int24(signed=not unsigned)
+        signed, unsigned_format = _INTEGERS[kind]
         return _fixed(unsigned_format if unsigned else signed)
+    if kind == FIELD_TYPE.INT24:
+        return _int24(signed=not unsigned)
     if kind == FIELD_TYPE.FLOAT:  # a SELECT returns the server's 6-digit text form
         return _fixed("<f", lambda v: float(f"{v:.6g}"))
     if kind == FIELD_TYPE.DOUBLE:
@@ -145,12 +145,11 @@ def _reader(col: Any, ci: ColumnInfo | None) -> Reader:
     )
 
 
-_INTEGERS = {  # binlog type: size, signed and unsigned struct formats
-    FIELD_TYPE.TINY: (1, "<b", "<B"),
-    FIELD_TYPE.SHORT: (2, "<h", "<H"),
-    FIELD_TYPE.INT24: (3, "", ""),
-    FIELD_TYPE.LONG: (4, "<i", "<I"),
-    FIELD_TYPE.LONGLONG: (8, "<q", "<Q"),
+_INTEGERS = {  # binlog type: signed and unsigned struct formats (INT24 has none)
+    FIELD_TYPE.TINY: ("<b", "<B"),
+    FIELD_TYPE.SHORT: ("<h", "<H"),
+    FIELD_TYPE.LONG: ("<i", "<I"),
+    FIELD_TYPE.LONGLONG: ("<q", "<Q"),
 }
 
 
