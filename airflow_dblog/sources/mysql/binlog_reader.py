@@ -774,13 +774,12 @@ class BinlogReader(StreamReader):
         n, returned = self._trx_items, self._skip_items
         images = codec.images(event)
         if codec.watermark:
-            step = 2 if kind == "u" else 1
-            for index in range(len(images) // step):
+            rows_after = images[1::2] if kind == "u" else images  # a row's newest image
+            for index, image in enumerate(rows_after):
                 position = Position.mysql(fi, end, index)
                 n += 1
                 if kind == "d" or (skip is not None and position <= skip) or n <= returned:
                     continue
-                image = images[index * step + step - 1]
                 stream = str(image["stream"])
                 if self.watermark_stream is not None and stream != self.watermark_stream:
                     continue

@@ -558,11 +558,7 @@ def test_every_type_reads_from_the_binlog_as_a_select_returns_it_in_every_image(
     db.execute(
         f"INSERT INTO {db.q('every')} VALUES ({marks})", [[1, *firsts], [2, *edges], [3, *nulls]]
     )
-
-    def selected() -> dict[Any, Any]:
-        return dict(source.select_range(db.table("every"), None, (3,), 10))
-
-    inserted = selected()
+    inserted = dict(source.select_range(db.table("every"), None, (3,), 10))
     assert inserted[(3,)] == {"id": 3, **dict.fromkeys(_EVERY_TYPE)}
     db.execute(f"UPDATE {db.q('every')} SET id = id + 10, tiu = 255 - tiu WHERE id < 3")
     updated = {
