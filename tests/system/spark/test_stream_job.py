@@ -58,13 +58,17 @@ def _until_first_changes_in_delta(config: Config, db: Db, stream: Stream) -> Non
 
 
 def _until_done_restarting_once(
-    store: MetadataStore, dump_id: int, stream: Stream, reason: str | None = None
+    store: MetadataStore,
+    dump_id: int,
+    stream: Stream,
+    reason: str | None = None,
+    past: Callable[[], bool] = lambda: True,
 ) -> int:
-    """Until the dump is done, starting the stream again once if it exits (what a supervisor
-    does; ``reason``: the exit must say so); returns how often it exited."""
+    """Until the dump is done and ``past()`` holds, starting the stream again once if it exits
+    (what a supervisor does; ``reason``: the exit must say so); returns how often it exited."""
     exits = 0
     deadline = time.monotonic() + 600
-    while store.progress(dump_id).state != "done":
+    while store.progress(dump_id).state != "done" or not past():
         assert stream.proc is not None
         if stream.proc.poll() is not None:
             exits += 1
@@ -251,6 +255,10 @@ def test_standbys_take_over_a_dead_or_frozen_leader_and_the_old_one_writes_nothi
         state = store.stream_state(config.name)
         return state.leader if state else None
 
+    def committed() -> int:
+        state = store.stream_state(config.name)
+        return int(((state.source_offset or {}) if state else {}).get("segment", -1))
+
     def takeover(new: Stream) -> float:
         since = time.monotonic()
         until(
@@ -296,8 +304,17 @@ def test_standbys_take_over_a_dead_or_frozen_leader_and_the_old_one_writes_nothi
             assert not re.search(r"batch \d+: segments", after), "the deposed leader committed"
             assert dblog(["set", "-c", str(config_path), "--delay-ms", "0"]) == 0
             # b, frozen between its fence check and its spool write, writes that segment when
-            # woken: c finds the number taken, stops with one line, continues after it
-            _until_done_restarting_once(store, dump.id, c, "was written by another process")
+            # woken: c finds the number taken, stops with one line, continues after it. The
+            # dump may be done before c's first write: wait until c committed past b's segments
+            spool = Path(config.checkpoint) / "spool"
+            b_last = max([committed(), *(int(p.stem) for p in spool.glob("*.parquet"))])
+            _until_done_restarting_once(
+                store,
+                dump.id,
+                c,
+                "was written by another process",
+                past=lambda: committed() > b_last,
+            )
             time.sleep(2)
         print(f"takeover: after kill -9 {killed_s:.1f} s, after SIGSTOP {frozen_s:.1f} s")
         _check_outputs(spark, config, db, c)
