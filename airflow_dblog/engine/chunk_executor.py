@@ -30,7 +30,7 @@ from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRows, ChunkSelected
 from airflow_dblog.engine.chunk_runner import ChunkRunner
 from airflow_dblog.engine.chunk_task import ChunkTask, error_of
 from airflow_dblog.engine.metadata import MetadataStore
-from airflow_dblog.engine.metadata.dumps import Claimable
+from airflow_dblog.engine.metadata.dumps import Claimable, chunk_rows
 from airflow_dblog.engine.metadata.models import Chunk, DumpTable
 from airflow_dblog.errors import DblogError, FencedError, MetadataError, SourceError
 from airflow_dblog.sources.base import Key, Source, TableSchema, Wake
@@ -183,7 +183,8 @@ class ChunkExecutor:
             after = self._typed(table_id, table.cursor)
             upto = self._typed(table_id, table.max_key)
             assert upto is not None
-            bound = self.source.next_bound(table_id, after, upto, chunk_size)
+            size = chunk_rows(chunk_size, first=table.cursor is None)
+            bound = self.source.next_bound(table_id, after, upto, size)
             chunk = self.store.cut_range_chunk(
                 table.id, table.cursor, None if bound is None else to_json(bound), self.worker
             )

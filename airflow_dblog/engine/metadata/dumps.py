@@ -129,6 +129,21 @@ class DumpProgress:
         return line if self.verify is None else f"{line}; {self.verify.line()}"
 
 
+# A table's first range chunk is at most this long: its first rows reach the sinks after a
+# short SELECT instead of a full chunk's, and the chunks after it run at the configured size
+FIRST_CHUNK_ROWS = 1024
+
+
+def chunk_rows(chunk_size: int, first: bool) -> int:
+    """The keys a range chunk is cut at: ``chunk_size``, or less for a table's first chunk."""
+    return min(chunk_size, FIRST_CHUNK_ROWS) if first else chunk_size
+
+
+def _chunks_left(rows: int, chunk_size: int, first: bool) -> int:
+    head = chunk_rows(chunk_size, first)
+    return 1 + math.ceil(max(rows - head, 0) / chunk_size)
+
+
 def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat() + "Z"
 
@@ -293,7 +308,8 @@ class DumpsAndChunks(MetadataDatabase):
         for t in tables:
             if not t.exhausted:
                 dumped = sum(c.rows_selected for c in done if c.table_name == t.table_name)
-                remaining += math.ceil(max(t.estimated_rows - dumped, 1) / chunk_size)
+                rows = max(t.estimated_rows - dumped, 1)
+                remaining += _chunks_left(rows, chunk_size, first=t.cursor is None)
         open_chunks = [c for c in chunks if c.state in ("pending", "running", "selected")]
         return DumpProgress(
             dump_id=dump.id,

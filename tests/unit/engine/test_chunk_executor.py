@@ -16,6 +16,7 @@ from airflow_dblog.engine.chunk_executor import ChunkExecutor, page_limit
 from airflow_dblog.engine.chunk_file import ChunkFiles, Covered
 from airflow_dblog.engine.chunk_runner import ThreadChunkRunner
 from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.engine.metadata.dumps import FIRST_CHUNK_ROWS
 from airflow_dblog.engine.planner import plan_dump
 from airflow_dblog.engine.watermarks import watermark_strategy
 from airflow_dblog.errors import SourceError
@@ -89,6 +90,21 @@ def test_range_chunks_end_at_every_nth_key_and_the_last_at_the_bound(
     ]
     assert executor.claim(3) is None
     assert meta.dump_tables(dump_id)[0].exhausted
+
+
+def test_a_tables_first_chunk_is_short_when_chunks_are_long_so_its_first_rows_come_early(
+    fake_db: FakeDatabase, meta: MetadataStore, executor: ChunkExecutor, tmp_path: Path
+) -> None:
+    big = fake_db.create_table("big", {"id": "int"})
+    fake_db.insert(big, *({"id": i} for i in range(1, 4 * FIRST_CHUNK_ROWS + 1)))
+    _dump(fake_db, meta, tmp_path)
+    size = 2 * FIRST_CHUNK_ROWS
+    chunks = [executor.claim(size) for _ in range(3)]
+    assert [(c.lower_key, c.upper_key) for c in chunks if c is not None] == [
+        (None, [FIRST_CHUNK_ROWS]),
+        ([FIRST_CHUNK_ROWS], [FIRST_CHUNK_ROWS + size]),
+        ([FIRST_CHUNK_ROWS + size], [4 * FIRST_CHUNK_ROWS]),
+    ]
 
 
 def test_an_empty_tables_dump_finishes_without_a_chunk(

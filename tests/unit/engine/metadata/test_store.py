@@ -15,7 +15,7 @@ import pytest
 from airflow_dblog.config import DumpSettings
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.metadata.database import Fence
-from airflow_dblog.engine.metadata.dumps import TablePlan
+from airflow_dblog.engine.metadata.dumps import FIRST_CHUNK_ROWS, TablePlan
 from airflow_dblog.errors import FencedError, MetadataError
 
 
@@ -154,6 +154,17 @@ def test_range_chunks_are_cut_from_the_cursor_and_finish_the_dump(store: Metadat
     assert (progress.state, progress.chunks_done, progress.chunks_total) == ("done", 2, 2)
     assert (progress.rows_selected, progress.rows_dropped, progress.rows_emitted) == (25, 2, 23)
     assert progress.percent == 100.0
+
+
+def test_progress_counts_a_tables_short_first_chunk(store: MetadataStore) -> None:
+    rows, size = 4 * FIRST_CHUNK_ROWS, 2 * FIRST_CHUNK_ROWS
+    dump_id = _bounded_dump(store, "app.t", ["id"], [rows], rows, chunk_size=size)
+    assert store.progress(dump_id).chunks_total == 3  # the short one, then two of chunk_size
+    table = store.dump_tables(dump_id)[0]
+    first = store.cut_range_chunk(table.id, None, [FIRST_CHUNK_ROWS], "w")
+    assert first is not None
+    store.complete_chunk(first.id, FIRST_CHUNK_ROWS, 0, FIRST_CHUNK_ROWS)
+    assert store.progress(dump_id).chunks_total == 3
 
 
 def test_a_commit_saves_the_stream_state_and_completes_its_chunks_together(
