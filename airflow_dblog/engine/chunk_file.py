@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_dblog.core.keys import match_key, to_json
-from airflow_dblog.engine.event_text import EventText, encode_json, plain_row, plain_value
+from airflow_dblog.engine.event_text import EventText, key_text, row_text
 from airflow_dblog.engine.spool_store import arrow_filesystem, is_uri, join, task_conf
 from airflow_dblog.errors import DblogError
 
@@ -133,11 +133,11 @@ def encode_rows(
     first: list[Any] | None = []
     last: Sequence[Any] | None = None
     for key, row in rows:
-        key_text = encode_json([plain_value(v) for v in key])
-        keys.append(key_text)
+        text = key_text(key)
+        keys.append(text)
         # an integer key's match text is its JSON text (the usual key, spared a second encode)
-        mkeys.append(key_text if all(type(v) is int for v in key) else match_key(key))
-        afters.append(encode_json(plain_row(row)))
+        mkeys.append(text if all(type(v) is int for v in key) else match_key(key))
+        afters.append(row_text(row))
         first = span(first, key[0])
         last = key
     n = len(keys)

@@ -11,6 +11,7 @@ import datetime as dt
 import decimal
 import json
 import uuid
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from airflow_dblog.core.events import ChangeEvent, Row
@@ -41,6 +42,38 @@ def plain_row(row: Row | None) -> dict[str, Any] | None:
     if row is None:
         return None
     return {k: v if type(v) in _PLAIN_TYPES else plain_value(v) for k, v in row.items()}
+
+
+# Values whose JSON the encoder writes itself, or as plain_value gives it when asked through
+# ``default`` (a string or a number): a row of these alone is encoded without building the
+# plain copy first. Lists, dicts and tuples are not: plain_value writes them as JSON text.
+_SCALAR_TYPES = _PLAIN_TYPES | {
+    decimal.Decimal,
+    uuid.UUID,
+    dt.datetime,
+    dt.date,
+    dt.time,
+    dt.timedelta,
+    bytes,
+    bytearray,
+}
+_encode_scalars = json.JSONEncoder(
+    separators=(",", ":"), default=plain_value, check_circular=False
+).encode
+
+
+def row_text(row: Row) -> str:
+    """``plain_row(row)`` as a JSON object."""
+    if _SCALAR_TYPES.issuperset(map(type, row.values())):
+        return _encode_scalars(row)
+    return encode_json(plain_row(row))
+
+
+def key_text(key: Sequence[Any]) -> str:
+    """The key values as a JSON array (an integer key's text written directly)."""
+    if all(type(v) is int for v in key):
+        return "[" + ",".join(map(str, key)) + "]"
+    return encode_json([plain_value(v) for v in key])
 
 
 def _int_text(value: int | None) -> str:
@@ -80,10 +113,10 @@ class EventText(NamedTuple):
         return cls(
             str(event.table),
             event.op,
-            encode_json([plain_value(v) for v in event.key]),
+            key_text(event.key),
             str(event.position),
-            "null" if event.before is None else encode_json(plain_row(event.before)),
-            "null" if event.after is None else encode_json(plain_row(event.after)),
+            "null" if event.before is None else row_text(event.before),
+            "null" if event.after is None else row_text(event.after),
             _int_text(event.ts_ms),
             _int_text(event.dump_id),
             _int_text(event.chunk_id),
