@@ -52,6 +52,7 @@ IDLE_CLAIM_S = 0.2
 SEGMENT_S = 0.25  # a segment holds at most this much of the log...
 SEGMENT_EVENTS = 5000  # ...or this many events
 IDLE_SEGMENT_S = 1.0  # heartbeats alone: a segment a second
+UNSELECTED_EVERY_S = 1.0  # a running dump's chunks left to select: one metadata read a second
 # Dump rows in the spool that not every sink holds yet: beyond this many the next chunk waits,
 # so a busy log and a dump share the sinks' throughput and neither starves. Two chunks' worth
 # (x parallelism), and at least a few sink batches' worth: a sink's batch costs seconds however
@@ -344,6 +345,7 @@ class SpooledCapture(Capture):
         self._dump_in_flight: collections.deque[tuple[int, int]] = collections.deque()
         self._pending: list[Published] = []
         self._pending_position: str | None = None
+        self._unselected, self._unselected_at = 0, -UNSELECTED_EVERY_S
 
     def _start_chunks(self) -> int:
         settings = self.settings
@@ -397,14 +399,26 @@ class SpooledCapture(Capture):
                 "position": self._pending_position,
                 "source_ts_ms": self.source_ts_ms,
                 "closed": [r.closed_record() for r in refs],
-                # chunks selected or with a window open: Delta's next batch may wait for them
+                # chunks selected or with a window open, and those of running dumps not
+                # selected yet: Delta's next batch may wait for them
                 "selecting": self.executor.busy(),
+                "unselected": self._chunks_to_select(now),
             },
         )
         self._pending = []
         if dumped:
             with self._ack_lock:
                 self._dump_in_flight.append((seq, dumped))
+
+    def _chunks_to_select(self, now: float) -> int:
+        """The running dumps' chunks not selected yet, read again at most every
+        :data:`UNSELECTED_EVERY_S` while a chunk is being selected."""
+        if not self.executor.busy():
+            return 0
+        if now - self._unselected_at >= UNSELECTED_EVERY_S:
+            self._unselected = self.store.chunks_to_select(self.config.name)
+            self._unselected_at = now
+        return self._unselected
 
     def committed(self, footers: Sequence[dict[str, Any]]) -> None:
         """Every sink holds these segments: complete their chunks, save and free the log."""

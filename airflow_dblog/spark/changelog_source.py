@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import LongType, StructField, StructType
@@ -39,9 +39,22 @@ QUIET_S = 1.0
 # a batch starts waits for that batch to end and then for a batch of its own, so waiting up to
 # one batch's time for it costs its rows nothing and saves a batch's fixed cost
 CHUNK_WAIT_S = 1.0
+# ... and longer, up to this many times as long, while the dump's last chunks are due within a
+# batch's time (at the pace its chunks closed at in the pending segments): left behind, they
+# would wait for this batch and then make one of their own
+DUMP_END_WAITS = 3
 # Segments of heartbeats alone (an idle log) wait at least this long for a batch: they only move
 # the committed offset
 IDLE_BATCH_S = 5.0
+
+
+class _Counts(NamedTuple):
+    """What a batch's timing needs of a segment's footer."""
+
+    events: int
+    closed: int  # chunks it closes
+    selecting: int  # chunks being selected when it was written
+    unselected: int  # chunks of running dumps not selected yet then (an estimate)
 
 
 class SegmentPartition(InputPartition):
@@ -73,8 +86,8 @@ class ChangelogStreamReader(DataSourceStreamReader):
         self, directory: str, conf: dict[str, str] | None = None, wait_s: float = 0.0
     ) -> None:
         self.directory, self.conf, self.wait_s = directory, conf or {}, wait_s
-        # (events, closes a chunk, chunks selecting) from each pending segment's footer, read once
-        self._footer_counts: dict[int, tuple[int, bool, int]] = {}
+        # from each pending segment's footer, read once
+        self._footer_counts: dict[int, _Counts] = {}
         # (first segment, since when) of a batch waiting for a chunk being selected
         self._waiting: tuple[int, float] | None = None
         # when the last batch was handed to Spark, until the next call (Spark asks again once
@@ -116,12 +129,12 @@ class ChangelogStreamReader(DataSourceStreamReader):
         for seq in taken:  # footers only until the batch is due (a GET each on S3)
             if batch_due(age, quiet, events, closes, self.wait_s):
                 break
-            count, closing, _ = self._counts(spool, seq)
-            events += count
-            closes = closes or closing
+            counts = self._counts(spool, seq)
+            events += counts.events
+            closes = closes or bool(counts.closed)
         if not batch_due(age, quiet, events, closes, self.wait_s):
             return {"segment": first}
-        if self._waits_for_chunk(spool, first, taken[-1], now):
+        if self._waits_for_chunk(spool, first, {seq: entries[seq].mtime for seq in taken}, now):
             return {"segment": first}
         return self._hand(taken[-1] + 1, now)
 
@@ -129,25 +142,41 @@ class ChangelogStreamReader(DataSourceStreamReader):
         self._handed_at = now
         return {"segment": end}
 
-    def _counts(self, spool: Spool, seq: int) -> tuple[int, bool, int]:
+    def _counts(self, spool: Spool, seq: int) -> _Counts:
         if seq not in self._footer_counts:
             footer = spool.footer(seq)
-            self._footer_counts[seq] = (
+            self._footer_counts[seq] = _Counts(
                 footer["events"],
-                bool(footer["closed"]),
+                len(footer["closed"]),
                 footer.get("selecting", 0),
+                footer.get("unselected", 0),
             )
         return self._footer_counts[seq]
 
-    def _waits_for_chunk(self, spool: Spool, first: int, newest: int, now: float) -> bool:
-        """Whether the batch from ``first`` waits for a chunk the ``newest`` segment says is
-        being selected: from the first time it was due, as long as the last batch took (at
-        least :data:`CHUNK_WAIT_S`)."""
-        if not self._counts(spool, newest)[2]:
+    def _waits_for_chunk(
+        self, spool: Spool, first: int, written: dict[int, float], now: float
+    ) -> bool:
+        """Whether the batch from ``first`` (``written``: its segments' times) waits for a
+        chunk the newest segment says is being selected: from the first time it was due, as
+        long as the last batch took (at least :data:`CHUNK_WAIT_S`), or longer while the
+        dump's end is nearer than that (:data:`DUMP_END_WAITS`)."""
+        newest = self._counts(spool, max(written))
+        if not newest.selecting:
             return False
         if self._waiting is None or self._waiting[0] != first:
             self._waiting = (first, now)
-        return now - self._waiting[1] < max(CHUNK_WAIT_S, self._last_batch_s)
+        waited, budget = now - self._waiting[1], max(CHUNK_WAIT_S, self._last_batch_s)
+        if waited < budget:
+            return True
+        if waited >= DUMP_END_WAITS * budget:
+            return False
+        closes = [(t, self._counts(spool, seq).closed) for seq, t in sorted(written.items())]
+        closes = [(t, n) for t, n in closes if n]
+        after_first = sum(n for _, n in closes[1:])
+        if not after_first:
+            return False  # no pace to judge by
+        pace = (closes[-1][0] - closes[0][0]) / after_first
+        return (newest.selecting + newest.unselected) * pace <= budget
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         first, stop = int(start["segment"]), int(end["segment"])

@@ -355,6 +355,31 @@ class DumpsAndChunks(MetadataDatabase):
                 tables.setdefault(table.dump_id, []).append(table)
         return [Claimable(d, d.id in pending, tables.get(d.id, [])) for d in dumps]
 
+    def chunks_to_select(self, stream: str) -> int:
+        """Chunks of the stream's running dumps whose SELECT has not ended: claimed, waiting,
+        or not cut yet (estimated from the tables' rows)."""
+        with self.session(writes=False) as s:
+            dumps = _dumps(s, stream, ("running",))
+            if not dumps:
+                return 0
+            ids = [d.id for d in dumps]
+            chunks = list(s.scalars(select(Chunk).where(Chunk.dump_id.in_(ids))))
+            tables = list(s.scalars(select(DumpTable).where(DumpTable.dump_id.in_(ids))))
+        sizes = {d.id: d.chunk_size or DumpSettings().chunk_size for d in dumps}
+        left = 0
+        cut: dict[tuple[int, str], int] = {}  # rows in each table's chunks cut so far
+        for c in chunks:
+            claimed = c.state in ("pending", "running")
+            left += claimed
+            # a claimed chunk's rows are not counted yet: about a chunk's worth
+            rows = sizes[c.dump_id] if claimed else c.rows_selected
+            cut[(c.dump_id, c.table_name)] = cut.get((c.dump_id, c.table_name), 0) + rows
+        for t in tables:
+            if not t.exhausted:
+                rows = max(t.estimated_rows - cut.get((t.dump_id, t.table_name), 0), 1)
+                left += _chunks_left(rows, sizes[t.dump_id], first=t.cursor is None)
+        return left
+
     def claim_pending_chunk(self, dump_id: int, worker: str) -> Chunk | None:
         """Take a chunk that already has bounds or keys (key lists, requeued chunks)."""
         with self.session() as s:

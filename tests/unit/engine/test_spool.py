@@ -414,6 +414,33 @@ def test_a_due_batch_waits_for_a_chunk_being_selected_as_long_as_the_last_batch_
     assert reader.latestOffset({"segment": 2}) == {"segment": 3}
 
 
+@pytest.mark.parametrize(("unselected", "waits_s"), [(1, 9.0), (5, 3.0)])
+def test_a_due_batch_waits_longer_for_a_dump_whose_last_chunks_are_due_within_a_batchs_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unselected: int, waits_s: float
+) -> None:
+    """Left behind, the last chunks would wait for this batch and then make one of their own."""
+    pytest.importorskip("pyspark")
+    from airflow_dblog.spark import changelog_source
+
+    clock = _fake_clock(monkeypatch, changelog_source)
+    spool = Spool(tmp_path)
+    spool.append([], {"closed": [{"chunk_id": 1}], "selecting": 0})
+    reader = changelog_source.ChangelogStreamReader(str(tmp_path))
+    assert reader.latestOffset({"segment": 0}) == {"segment": 1}
+    clock[0] += 3.0  # that batch took 3 s: the wait is 3 s, and at most 3 times as long
+    for n, written_ago in enumerate([2.5, 1.5, 0.5], start=2):  # a chunk closed every second
+        seq = spool.append([], {"closed": [{"chunk_id": n}], "selecting": 1, "unselected": 0})
+        os.utime(tmp_path / Spool.name(seq), (clock[0] - written_ago,) * 2)
+    seq = spool.append([], {"closed": [], "selecting": 1, "unselected": unselected})
+    os.utime(tmp_path / Spool.name(seq), (clock[0],) * 2)
+    # 1 + 1 chunks left close in ~2 s, within a batch's time: worth waiting for; 1 + 5 are not
+    assert reader.latestOffset({"segment": 1}) == {"segment": 1}
+    clock[0] += waits_s - 0.125
+    assert reader.latestOffset({"segment": 1}) == {"segment": 1}
+    clock[0] += 0.125
+    assert reader.latestOffset({"segment": 1}) == {"segment": 5}
+
+
 def _fake_clock(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[float]:
     """The reader's clock, moved by the test alone: whole seconds ahead of the segments' times
     (they are old enough for any age rule), steps the tests take in exact binary fractions."""

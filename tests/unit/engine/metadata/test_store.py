@@ -167,6 +167,24 @@ def test_progress_counts_a_tables_short_first_chunk(store: MetadataStore) -> Non
     assert store.progress(dump_id).chunks_total == 3
 
 
+def test_chunks_to_select_counts_claimed_and_uncut_chunks_of_running_dumps(
+    store: MetadataStore,
+) -> None:
+    dump_id = _bounded_dump(store, "app.t", ["id"], [50], 50, chunk_size=10)
+    assert store.chunks_to_select("s") == 0  # pending: no chunk cut yet, not running
+    table = store.dump_tables(dump_id)[0]
+    first = store.cut_range_chunk(table.id, None, [10], "w")
+    assert first is not None
+    assert store.chunks_to_select("s") == 1 + 4  # the claimed one, and 40 rows' chunks to cut
+    store.mark_selected(first.id, 10)
+    assert store.chunks_to_select("s") == 4
+    last = store.cut_range_chunk(table.id, [10], None, "w")
+    assert last is not None
+    assert store.chunks_to_select("s") == 1  # the table is cut to its end: the last chunk
+    store.mark_selected(last.id, 40)
+    assert store.chunks_to_select("s") == 0
+
+
 def test_a_commit_saves_the_stream_state_and_completes_its_chunks_together(
     store: MetadataStore,
 ) -> None:
