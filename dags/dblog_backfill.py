@@ -8,7 +8,7 @@ Bad input fails the first task with a one-line message and writes nothing.
 from __future__ import annotations
 
 from airflow_dblog.provider.compat import DAG, Param
-from airflow_dblog.provider.example_dags import captured_tables, config_path
+from airflow_dblog.provider.example_dags import SENSOR_RETRY, captured_tables, config_path
 from airflow_dblog.provider.operators.dblog import DblogBackfillOperator
 from airflow_dblog.provider.sensors.dblog import DblogDumpSensor
 
@@ -48,6 +48,7 @@ with DAG(
         dump_id="{{ ti.xcom_pull(task_ids='plan_backfill') }}",
         config_path=config_path(),
         deferrable=True,
+        **SENSOR_RETRY,
         log_interval_s=5,
         poke_interval=2,
     ).set_upstream(plan)

@@ -20,7 +20,7 @@ import os
 from datetime import datetime, timedelta
 
 from airflow_dblog.provider.compat import DAG
-from airflow_dblog.provider.example_dags import config_path
+from airflow_dblog.provider.example_dags import SENSOR_RETRY, config_path
 from airflow_dblog.provider.operators.dblog import DblogEnsureStreamOperator
 from airflow_dblog.provider.sensors.dblog import DblogStreamSensor
 
@@ -54,5 +54,6 @@ with DAG(
         poke_interval=10,
         timeout=600,
         deferrable=True,
+        **SENSOR_RETRY,
     )
     ensure >> check

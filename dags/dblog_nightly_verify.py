@@ -19,7 +19,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow_dblog.provider.compat import DAG, Param
-from airflow_dblog.provider.example_dags import config_path
+from airflow_dblog.provider.example_dags import SENSOR_RETRY, config_path
 from airflow_dblog.provider.operators.dblog import DblogDumpOperator
 from airflow_dblog.provider.sensors.dblog import DblogDumpSensor
 
@@ -61,4 +61,5 @@ with DAG(
         config_path=config_path(),
         max_differences="{{ params.max_differences }}",
         deferrable=True,
+        **SENSOR_RETRY,
     ).set_upstream(plan)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow_dblog.provider.compat import DAG
-from airflow_dblog.provider.example_dags import config_path
+from airflow_dblog.provider.example_dags import SENSOR_RETRY, config_path
 from airflow_dblog.provider.operators.dblog import DblogDumpOperator
 from airflow_dblog.provider.sensors.dblog import DblogDumpSensor
 
@@ -24,4 +24,5 @@ with DAG(
         dump_id="{{ ti.xcom_pull(task_ids='plan_dump') }}",
         config_path=config_path(),
         deferrable=True,
+        **SENSOR_RETRY,
     ).set_upstream(plan)

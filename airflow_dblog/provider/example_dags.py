@@ -9,10 +9,16 @@ the Assets a downstream DAG is scheduled on; nothing connects anywhere.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any
 
 from airflow_dblog.config import load_config
 from airflow_dblog.errors import DblogError
+
+# A deferrable sensor resumed from its trigger can be failed by the executor's late report of
+# its deferral (apache/airflow#72716, Airflow 3.3): one retry soon after reads the same state
+# again (the sensors only read it), where a failed run would ask someone to clear it
+SENSOR_RETRY: dict[str, Any] = {"retries": 1, "retry_delay": timedelta(seconds=5)}
 
 
 def config_path() -> str | None:
