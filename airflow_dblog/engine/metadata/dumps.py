@@ -139,8 +139,10 @@ def chunk_rows(chunk_size: int, first: bool) -> int:
     return min(chunk_size, FIRST_CHUNK_ROWS) if first else chunk_size
 
 
-def _chunks_left(rows: int, chunk_size: int, first: bool) -> int:
-    head = chunk_rows(chunk_size, first)
+def _chunks_to_cut(table: DumpTable, rows_cut: int, chunk_size: int) -> int:
+    """A table's chunks not cut yet, from its estimated rows less ``rows_cut`` (at least one)."""
+    rows = max(table.estimated_rows - rows_cut, 1)
+    head = chunk_rows(chunk_size, first=table.cursor is None)
     return 1 + math.ceil(max(rows - head, 0) / chunk_size)
 
 
@@ -308,8 +310,7 @@ class DumpsAndChunks(MetadataDatabase):
         for t in tables:
             if not t.exhausted:
                 dumped = sum(c.rows_selected for c in done if c.table_name == t.table_name)
-                rows = max(t.estimated_rows - dumped, 1)
-                remaining += _chunks_left(rows, chunk_size, first=t.cursor is None)
+                remaining += _chunks_to_cut(t, dumped, chunk_size)
         open_chunks = [c for c in chunks if c.state in ("pending", "running", "selected")]
         return DumpProgress(
             dump_id=dump.id,
@@ -376,8 +377,7 @@ class DumpsAndChunks(MetadataDatabase):
             cut[(c.dump_id, c.table_name)] = cut.get((c.dump_id, c.table_name), 0) + rows
         for t in tables:
             if not t.exhausted:
-                rows = max(t.estimated_rows - cut.get((t.dump_id, t.table_name), 0), 1)
-                left += _chunks_left(rows, sizes[t.dump_id], first=t.cursor is None)
+                left += _chunks_to_cut(t, cut.get((t.dump_id, t.table_name), 0), sizes[t.dump_id])
         return left
 
     def claim_pending_chunk(self, dump_id: int, worker: str) -> Chunk | None:

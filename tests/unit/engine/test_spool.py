@@ -370,13 +370,9 @@ def test_a_due_batch_waits_a_moment_for_a_chunk_still_being_selected(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A dump's chunk that misses a big batch by a moment would cost a whole batch of its own."""
-    pytest.importorskip("pyspark")
-    from airflow_dblog.spark import changelog_source
-
-    clock = _fake_clock(monkeypatch, changelog_source)
-    spool = Spool(tmp_path)
-    spool.append([], {"closed": [{"chunk_id": 1}], "selecting": 1})
-    reader = changelog_source.ChangelogStreamReader(str(tmp_path))
+    changelog_source, clock, spool, reader = _reader_after_a_chunk(
+        tmp_path, monkeypatch, selecting=1
+    )
     assert reader.latestOffset({"segment": 0}) == {"segment": 0}  # chunk 2 is being selected
     spool.append([], {"closed": [{"chunk_id": 2}], "selecting": 0})
     assert reader.latestOffset({"segment": 0}) == {"segment": 2}  # it closed: both go
@@ -392,13 +388,9 @@ def test_a_due_batch_waits_for_a_chunk_being_selected_as_long_as_the_last_batch_
 ) -> None:
     """A chunk that closes just after a batch starts waits for it and then for a batch of its
     own: waiting up to one batch's time for it costs its rows nothing and saves a batch."""
-    pytest.importorskip("pyspark")
-    from airflow_dblog.spark import changelog_source
-
-    clock = _fake_clock(monkeypatch, changelog_source)
-    spool = Spool(tmp_path)
-    spool.append([], {"closed": [{"chunk_id": 1}], "selecting": 0})
-    reader = changelog_source.ChangelogStreamReader(str(tmp_path))
+    changelog_source, clock, spool, reader = _reader_after_a_chunk(
+        tmp_path, monkeypatch, selecting=0
+    )
     assert reader.latestOffset({"segment": 0}) == {"segment": 1}
     clock[0] += 6.0  # Spark asks again once that batch is written: it took 6 s
     spool.append([], {"closed": [{"chunk_id": 2}], "selecting": 1})
@@ -419,13 +411,7 @@ def test_a_due_batch_waits_longer_for_a_dump_whose_last_chunks_are_due_within_a_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unselected: int, waits_s: float
 ) -> None:
     """Left behind, the last chunks would wait for this batch and then make one of their own."""
-    pytest.importorskip("pyspark")
-    from airflow_dblog.spark import changelog_source
-
-    clock = _fake_clock(monkeypatch, changelog_source)
-    spool = Spool(tmp_path)
-    spool.append([], {"closed": [{"chunk_id": 1}], "selecting": 0})
-    reader = changelog_source.ChangelogStreamReader(str(tmp_path))
+    _, clock, spool, reader = _reader_after_a_chunk(tmp_path, monkeypatch, selecting=0)
     assert reader.latestOffset({"segment": 0}) == {"segment": 1}
     clock[0] += 3.0  # that batch took 3 s: the wait is 3 s, and at most 3 times as long
     for n, written_ago in enumerate([2.5, 1.5, 0.5], start=2):  # a chunk closed every second
@@ -439,6 +425,20 @@ def test_a_due_batch_waits_longer_for_a_dump_whose_last_chunks_are_due_within_a_
     assert reader.latestOffset({"segment": 1}) == {"segment": 1}
     clock[0] += 0.125
     assert reader.latestOffset({"segment": 1}) == {"segment": 5}
+
+
+def _reader_after_a_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, selecting: int
+) -> tuple[Any, list[float], Spool, Any]:
+    """The changelog source module, its clock, and its reader on a spool whose first segment
+    closes chunk 1 with ``selecting`` chunks being selected."""
+    pytest.importorskip("pyspark")
+    from airflow_dblog.spark import changelog_source
+
+    clock = _fake_clock(monkeypatch, changelog_source)
+    spool = Spool(tmp_path)
+    spool.append([], {"closed": [{"chunk_id": 1}], "selecting": selecting})
+    return changelog_source, clock, spool, changelog_source.ChangelogStreamReader(str(tmp_path))
 
 
 def _fake_clock(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[float]:
