@@ -233,18 +233,27 @@ def java_binary() -> str:
 def archive_path(classpath: str) -> Path:
     """Where the class archive for this Java and driver class path lives (it may not exist).
 
-    Keyed by the Java binary (and its build), pyspark and the class path: the JVM itself checks
-    an archive against the jars (sizes and times) and ignores a stale one.
+    Keyed by the Java binary, pyspark and the class path, and by the times of the JVM, of
+    pyspark's jars and of the class path's jars: the JVM ignores an archive whose jars changed
+    since it was built, and a venv reinstalled at the same path writes the same jars anew.
     """
     import pyspark
 
     java = java_binary()
     jvm = Path(java).parent.parent / "lib" / "server" / "libjvm.so"  # a JDK update changes it
-    built = str(jvm.stat().st_mtime_ns) if jvm.is_file() else ""
+    pyspark_jars = Path(pyspark.__file__).parent / "jars"
+    times = [_mtime(p) for p in (jvm, pyspark_jars, *map(Path, classpath.split(os.pathsep)))]
     key = hashlib.sha256(
-        "\0".join([java, built, pyspark.__version__, pyspark.__file__, classpath]).encode()
+        "\0".join([java, pyspark.__version__, pyspark.__file__, classpath, *times]).encode()
     ).hexdigest()[:16]
     return cache_dir() / "jvm-class-archives" / f"spark-{key}.jsa"
+
+
+def _mtime(path: Path) -> str:
+    try:
+        return str(path.stat().st_mtime_ns)
+    except OSError:
+        return ""
 
 
 def java_options(classpath: str) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -29,3 +30,15 @@ def test_local_sessions_put_the_jars_first_on_the_class_path_and_map_the_archive
     options = _local_driver_conf(JARS, user, class_archive=True)["spark.driver.extraJavaOptions"]
     assert options == f"-Da=1 -XX:SharedArchiveFile={archive}"
     assert "spark.driver.extraJavaOptions" not in _local_driver_conf(JARS, {}, class_archive=False)
+
+
+def test_a_jar_written_again_at_the_same_path_keys_a_new_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DBLOG_CACHE_DIR", str(tmp_path))
+    jar = tmp_path / "delta.jar"
+    jar.write_bytes(b"classes")
+    before = class_archive.archive_path(str(jar))
+    assert class_archive.archive_path(str(jar)) == before
+    os.utime(jar, ns=(jar.stat().st_atime_ns, jar.stat().st_mtime_ns + 1_000_000_000))
+    assert class_archive.archive_path(str(jar)) != before
