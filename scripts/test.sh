@@ -11,8 +11,9 @@
 #   --system       tests/system only: the whole job (stream processes, the Spark cluster, Airflow).
 #
 # 1. apt-get installs what is missing (MariaDB, PostgreSQL 15 + wal2json, ZooKeeper, a JRE,
-#    Maven, python3-venv) -- only when something is missing.
-# 2. .venv in the repo (python3, or $PYTHON) with `uv pip install -e '.[test]'` (uv from PyPI);
+#    Maven, python3-venv, libmariadb-dev) -- only when something is missing.
+# 2. .venv in the repo (python3, or $PYTHON) with `uv pip install -e '.[test,mysqlclient]'` (uv
+#    from PyPI; --unit: '.[test]');
 #    re-run only when pyproject.toml changed (DBLOG_PIP_INSTALL=1 forces it).
 # 3. scripts/services.sh up (MariaDB, PostgreSQL, ZooKeeper, Kafka, the S3 object store -- built
 #    from the Go module proxy, in the background from the start --, the Spark standalone cluster,
@@ -83,6 +84,10 @@ else
     # tests/system/provider/test_browser_e2e.py drives Debian's Chromium through Playwright
     # (no browser download).
     [ -x /usr/bin/chromium ] || extra+=(chromium fonts-liberation)
+    # the mysqlclient extra (chunk SELECTs parsed in C) builds against libmariadb
+    [ -f /usr/include/mariadb/mysql.h ] || extra+=(libmariadb-dev)
+    command -v pkg-config >/dev/null 2>&1 || extra+=(pkg-config)
+    command -v gcc >/dev/null 2>&1 || extra+=(gcc)
     say "checking system packages"
     scripts/services.sh deps "${extra[@]}"
 fi
@@ -98,14 +103,16 @@ if [ ! -x "$VENV/bin/python" ]; then
     say "creating $VENV with $("$PYTHON" --version 2>&1)"
     "$PYTHON" -m venv "$VENV"
 fi
+# --unit leaves out the mysqlclient extra: it compiles against libmariadb (step 1's packages)
+extras=$([ "$tier" = unit ] && echo test || echo test,mysqlclient)
 stamp=$VENV/.airflow-dblog-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
 if [ "${DBLOG_PIP_INSTALL:-0}" = 1 ] || [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] \
     || ! "$VENV/bin/python" -c 'import airflow_dblog' 2>/dev/null; then
     # uv: the install pip would make, with parallel downloads
-    say "uv pip install -e '.[test]' into $VENV"
+    say "uv pip install -e '.[$extras]' into $VENV"
     "$VENV/bin/python" -m pip install -q uv
-    "$VENV/bin/uv" pip install --python "$VENV/bin/python" -e '.[test]'
+    "$VENV/bin/uv" pip install --python "$VENV/bin/python" -e ".[$extras]"
     echo "$want" >"$stamp"
 else
     say "$VENV is up to date with pyproject.toml (DBLOG_PIP_INSTALL=1 reinstalls)"

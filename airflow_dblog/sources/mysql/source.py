@@ -31,7 +31,10 @@ from airflow_dblog.core.position import Position, binlog_file_index
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.redact import redact
 from airflow_dblog.sources.base import Column, Key, Offset, TableSchema
+from airflow_dblog.sources.keyset import Statement
 from airflow_dblog.sources.mysql import lag
+from airflow_dblog.sources.mysql.c_rows import AVAILABLE as MYSQLCLIENT
+from airflow_dblog.sources.mysql.c_rows import CRows
 from airflow_dblog.sources.mysql.connection import (
     CONNECTION_LOST,
     DENIED,
@@ -127,10 +130,13 @@ class MysqlSource(SqlSource[Position]):
         url: str | ConnectionSettings,
         *,
         read_timeout: float | None = 3600.0,
+        mysqlclient: bool = MYSQLCLIENT,
     ) -> None:
         self.settings = url if isinstance(url, ConnectionSettings) else parse_mysql_url(url)
         self._read_timeout = read_timeout
         self._conn: pymysql.connections.Connection | None = None
+        # chunk SELECTs on mysqlclient when installed (c_rows.py); everything else on PyMySQL
+        self._c_rows = CRows(self.settings, read_timeout) if mysqlclient else None
         self._tables: dict[TableId, TableInfo] = {}
         self._version: str | None = None
         self._status_sql: str | None = None
@@ -151,6 +157,11 @@ class MysqlSource(SqlSource[Position]):
                 conv=CONVERSIONS,
             )
         return self._conn
+
+    def _drop_connection(self) -> None:
+        super()._drop_connection()
+        if self._c_rows is not None:
+            self._c_rows.close()
 
     def _error(self, err: pymysql.MySQLError, doing: str) -> SourceError:
         code = err.args[0] if err.args and isinstance(err.args[0], int) else None
@@ -401,14 +412,19 @@ class MysqlSource(SqlSource[Position]):
             estimate = int(rows[0][0] or 0) if rows else 0
         return max(0, estimate)
 
+    def _select(self, doing: str, key: Sequence[str], statement: Statement) -> Any:
+        c_rows = self._c_rows
+        if c_rows is None:
+            return super()._select(doing, key, statement)
+
+        def work(_: pymysql.cursors.Cursor) -> list[tuple[Key, Row]]:
+            return _keyed_rows(*c_rows.select(*statement), key)
+
+        return self._run(doing, work)
+
     @staticmethod
     def _fetch_rows(cur: pymysql.cursors.Cursor, key: Sequence[str]) -> list[tuple[Key, Row]]:
-        names = [d[0] for d in cur.description]
-        index = [names.index(c) for c in key]
-        out: list[tuple[Key, Row]] = []
-        for values in cur.fetchall():
-            out.append((tuple(values[i] for i in index), dict(zip(names, values, strict=True))))
-        return out
+        return _keyed_rows([d[0] for d in cur.description], cur.fetchall(), key)
 
     # -- watermarks -------------------------------------------------------------------------
 
@@ -521,3 +537,12 @@ class MysqlSource(SqlSource[Position]):
         """The binlog position of the consistent snapshot: a change whose event position is
         greater is not in the rows."""
         return self.position(*self._snapshot_status(cur))
+
+
+def _keyed_rows(
+    names: list[str], rows: Iterable[Sequence[Any]], key: Sequence[str]
+) -> list[tuple[Key, Row]]:
+    index = [names.index(c) for c in key]
+    return [
+        (tuple(values[i] for i in index), dict(zip(names, values, strict=True))) for values in rows
+    ]

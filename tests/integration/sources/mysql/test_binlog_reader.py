@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import json
@@ -584,6 +585,34 @@ def test_every_type_reads_from_the_binlog_as_a_select_returns_it_in_every_image(
             if want is not None:
                 assert got == want
                 assert {k: type(v) for k, v in got.items()} == {k: type(v) for k, v in want.items()}
+
+
+def test_every_type_reads_the_same_through_mysqlclient_and_pymysql(db: Db) -> None:
+    """Chunk SELECTs run on mysqlclient when it is installed (scripts/test.sh installs it) and
+    on PyMySQL otherwise: each value, and its type, is the same either way."""
+    columns = ", ".join(f"{name} {kind} NULL" for name, (kind, _, _) in _EVERY_TYPE.items())
+    db.execute(
+        f"CREATE TABLE {db.q('every')} (id int PRIMARY KEY, {columns}) CHARACTER SET utf8mb4"
+    )
+    marks = ", ".join(["%s"] * (len(_EVERY_TYPE) + 1))
+    rows = [[1, *(first for _, first, _ in _EVERY_TYPE.values())]]
+    rows += [[2, *(edge for _, _, edge in _EVERY_TYPE.values())], [3, *[None] * len(_EVERY_TYPE)]]
+    db.execute(f"INSERT INTO {db.q('every')} VALUES ({marks})", rows)
+    db.execute("SET SESSION sql_mode = 'ALLOW_INVALID_DATES'")  # a lax server's stored dates
+    db.execute(f"INSERT INTO {db.q('every')} (id, at0, day) VALUES (4, '0000-00-00', '2024-02-30')")
+    table, keys = db.table("every"), [(1,), (2,), (3,), (4,)]
+    read = {}
+    for mysqlclient in (True, False):
+        with contextlib.closing(MysqlSource(db.url, mysqlclient=mysqlclient)) as source:
+            read[mysqlclient] = [
+                source.select_range(table, None, (4,), 10),
+                source.select_keys(table, keys),
+            ]
+    assert read[True] == read[False]
+    typed = [[{k: type(v) for k, v in row.items()} for _, row in rows] for rows in read[True]]
+    assert typed == [
+        [{k: type(v) for k, v in row.items()} for _, row in rows] for rows in read[False]
+    ]
 
 
 def test_snapshot_position_splits_the_binlog(

@@ -203,6 +203,19 @@ def test_reconnects_after_losing_its_connection(db: Db, source: MysqlSource) -> 
     assert source._conn is not conn
 
 
+def test_a_chunk_select_reconnects_after_losing_its_mysqlclient_connection(
+    db: Db, source: MysqlSource
+) -> None:
+    assert source._c_rows is not None, "scripts/test.sh installs the mysqlclient extra"
+    db.execute(f"CREATE TABLE {db.q('r')} (id int PRIMARY KEY)")
+    db.execute(f"INSERT INTO {db.q('r')} VALUES (1), (2)")
+    assert [k for k, _ in source.select_range(db.table("r"), None, (2,), 10)] == [(1,), (2,)]
+    conn = source._c_rows._conn
+    db.execute("KILL %s", (conn.thread_id(),))
+    assert [k for k, _ in source.select_keys(db.table("r"), [(2,)])] == [(2,)]
+    assert source._c_rows._conn is not conn
+
+
 # -- coerce_key --------------------------------------------------------------------------------
 
 

@@ -1,0 +1,100 @@
+"""Chunk SELECTs through mysqlclient when it is installed: the C client library parses the rows.
+
+PyMySQL parses every row of a result in Python, which is most of what a chunk worker spends on
+a chunk of narrow rows. mysqlclient (the ``mysqlclient`` extra; it builds against libmariadb or
+libmysqlclient) hands each value to the same converters as :mod:`.text_values` (numbers in C),
+so a row reads the same through either driver, types included. Only the plain chunk SELECTs use
+it: watermarks, schema, positions and snapshot chunks stay on the source's PyMySQL connection.
+
+Its errors are raised again as the PyMySQL error of the same DB-API class and arguments, so the
+source's one reconnect-and-retry and its one-line errors apply to both connections alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import pymysql
+from pymysql.constants import FIELD_TYPE
+
+from airflow_dblog.sources.mysql.connection import ConnectionSettings
+from airflow_dblog.sources.mysql.text_values import CONVERSIONS
+
+try:
+    import MySQLdb
+    import MySQLdb.converters
+except ImportError:  # the extra is not installed: PyMySQL reads the chunks
+    MySQLdb = None
+
+AVAILABLE = MySQLdb is not None
+
+# PyMySQL's decoders for the types it converts; text and bytes are left to mysqlclient, which
+# decodes non-binary text itself (SET too: mysqlclient's own converter would make it a set).
+_DECODED = (
+    FIELD_TYPE.TIMESTAMP,
+    FIELD_TYPE.DATETIME,
+    FIELD_TYPE.DATE,
+    FIELD_TYPE.TIME,
+    FIELD_TYPE.DECIMAL,
+    FIELD_TYPE.NEWDECIMAL,
+)
+
+
+def _conversions() -> dict[Any, Any]:
+    assert MySQLdb is not None
+    conv = dict(MySQLdb.converters.conversions)
+    conv.update({kind: CONVERSIONS[kind] for kind in _DECODED})
+    conv.pop(FIELD_TYPE.SET, None)
+    return conv
+
+
+def _as_pymysql(err: Exception) -> pymysql.MySQLError:
+    kind = getattr(pymysql.err, type(err).__name__, pymysql.err.OperationalError)
+    return kind(*err.args)  # type: ignore[no-any-return]
+
+
+class CRows:
+    """One mysqlclient connection, opened when first used, that runs chunk SELECTs."""
+
+    def __init__(self, settings: ConnectionSettings, read_timeout: float | None) -> None:
+        self.settings = settings
+        self._read_timeout = read_timeout
+        self._conn: Any = None
+
+    def _connection(self) -> Any:
+        if self._conn is None:
+            s = self.settings
+            kwargs: dict[str, Any] = {
+                "host": s.host,
+                "port": s.port,
+                "user": s.user,
+                "password": s.password,
+                "charset": "utf8mb4",
+                "connect_timeout": max(1, round(s.connect_timeout)),
+                "autocommit": True,
+                "init_command": "SET time_zone = '+00:00'",
+                "conv": _conversions(),
+            }
+            if s.unix_socket:
+                kwargs["unix_socket"] = s.unix_socket
+            if self._read_timeout:
+                kwargs["read_timeout"] = kwargs["write_timeout"] = max(1, round(self._read_timeout))
+            self._conn = MySQLdb.connect(**kwargs)  # type: ignore[union-attr]
+        return self._conn
+
+    def select(self, sql: str, params: Sequence[Any] | None) -> tuple[list[str], list[Any]]:
+        """(column names, rows) of one SELECT; PyMySQL's error for a failure."""
+        try:
+            with self._connection().cursor() as cur:
+                cur.execute(sql, params)
+                return [d[0] for d in cur.description], list(cur.fetchall())
+        except MySQLdb.Error as err:  # type: ignore[union-attr]
+            raise _as_pymysql(err) from None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
