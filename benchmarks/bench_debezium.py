@@ -12,7 +12,8 @@ and write to the same Kafka broker, one after the other (never at the same time)
   after the stream runs (``--dblog-settle-s``): from ``dblog dump --table`` to the first
   dumped row on the topic, to the dump's state ``done`` in the metadata store, and to all ROWS
   distinct keys on the topic (``read_committed``);
-- the baseline in the same run: a plain keyset ``SELECT`` of the table with pymysql, one page
+- the baseline in the same run: a plain keyset ``SELECT`` of the table through the driver dblog's
+  chunks use (mysqlclient when installed, else PyMySQL), one page
   per chunk size;
 - CPU seconds each tool's process tree, MariaDB and the machine used per dump or snapshot, and
   the rows/s the two cores would give if they ran nothing else (where the time goes);
@@ -67,6 +68,7 @@ from bench_stream import (
 from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
 from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.sources.mysql.c_rows import AVAILABLE as MYSQLCLIENT
 from airflow_dblog.sources.mysql.connection import parse_mysql_url
 
 PORT = int(os.environ.get("DBLOG_MYSQL_PORT", "3306"))
@@ -579,6 +581,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for size in sorted(set(dbz_sizes + dblog_sizes))
         }
         result["plain_select_rows_per_s"] = {str(k): round(v) for k, v in select.items()}
+        result["chunk_driver"] = "mysqlclient" if MYSQLCLIENT else "pymysql"
+        pymysql_select = {  # the baseline before chunks could run on mysqlclient
+            size: plain_select_rows_per_s(url, db, "bench", size, mysqlclient=False)
+            for size in select
+        }
+        result["pymysql_select_rows_per_s"] = {str(k): round(v) for k, v in pymysql_select.items()}
         result["debezium"] = {
             str(size): run_debezium(
                 home, java, work, conn, db, args.rows, size, args.debezium_property
@@ -604,6 +612,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ratios: dict[str, dict[str, float]] = {
             "dblog_vs_debezium": {},
             "dblog_vs_select": {},
+            "dblog_vs_pymysql_select": {},
             "debezium_vs_select": {},
         }
         for size in sorted(set(dbz_sizes + dblog_sizes)):
@@ -613,6 +622,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ratios["dblog_vs_debezium"][key] = round(ours["rows_per_s"] / dbz["rows_per_s"], 3)
             if ours:
                 ratios["dblog_vs_select"][key] = round(ours["rows_per_s"] / select[size], 3)
+                ratios["dblog_vs_pymysql_select"][key] = round(
+                    ours["rows_per_s"] / pymysql_select[size], 3
+                )
             if dbz:
                 ratios["debezium_vs_select"][key] = round(dbz["rows_per_s"] / select[size], 3)
         result["ratios"] = ratios

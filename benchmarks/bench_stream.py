@@ -47,6 +47,7 @@ from airflow_dblog.cli import main as dblog
 from airflow_dblog.config import load_config
 from airflow_dblog.core.position import Position, binlog_file_index
 from airflow_dblog.engine.metadata import MetadataStore
+from airflow_dblog.sources.mysql.c_rows import AVAILABLE as MYSQLCLIENT
 from airflow_dblog.sources.mysql.connection import parse_mysql_url
 from airflow_dblog.sources.mysql.source import MysqlSource
 
@@ -261,20 +262,23 @@ class Writer(threading.Thread):
         conn.close()
 
 
-def plain_select_rows_per_s(url: str, db: str, table: str, page: int) -> float:
-    conn = pymysql.connect(**parse_mysql_url(url).pymysql_kwargs())
+def plain_select_rows_per_s(
+    url: str, db: str, table: str, page: int, mysqlclient: bool = MYSQLCLIENT
+) -> float:
+    """A keyset scan of the table through a driver dblog's chunk SELECTs use, converting values
+    alike (by default the one they use: mysqlclient when installed): the floor a chunk can reach."""
+    source = MysqlSource(url, mysqlclient=mysqlclient)
+    c_rows = source._c_rows
+
+    def select(sql: str, params: list[Any]) -> list[Any]:
+        return c_rows.select(sql, params)[1] if c_rows else source.query(sql, params)
+
     started, last, rows = time.perf_counter(), -1, 0
-    with conn.cursor() as cur:
-        while True:
-            cur.execute(
-                f"SELECT * FROM `{db}`.`{table}` WHERE id > %s ORDER BY id LIMIT %s", (last, page)
-            )
-            batch = cur.fetchall()
-            if not batch:
-                break
-            rows += len(batch)
-            last = batch[-1][0]
-    conn.close()
+    sql = f"SELECT * FROM `{db}`.`{table}` WHERE id > %s ORDER BY id LIMIT %s"
+    while batch := select(sql, [last, page]):
+        rows += len(batch)
+        last = batch[-1][0]
+    source.close()
     return rows / (time.perf_counter() - started)
 
 
