@@ -62,6 +62,7 @@ from bench_stream import (
     plain_select_rows_per_s,
     process_name,
     process_tree,
+    select_page,
     stop,
 )
 
@@ -70,6 +71,7 @@ from airflow_dblog.config import load_config
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.sources.mysql.c_rows import AVAILABLE as MYSQLCLIENT
 from airflow_dblog.sources.mysql.connection import parse_mysql_url
+from airflow_dblog.sources.mysql.source import MysqlSource
 
 PORT = int(os.environ.get("DBLOG_MYSQL_PORT", "3306"))
 KAFKA = f"127.0.0.1:{os.environ.get('DBLOG_KAFKA_PORT', '9092')}"
@@ -212,6 +214,47 @@ def delete_topics(prefixes: list[str]) -> None:
                 future.result(30)
             except Exception as err:  # cleanup goes on with the others
                 print(f"could not delete a topic: {err}", file=sys.stderr)
+
+
+def select_to_kafka_rows_per_s(url: str, db: str, page: int) -> float:
+    """The Kafka path's floor: the plain keyset SELECT (:func:`plain_select_rows_per_s`'s
+    driver), each row as JSON (``default=str``) produced with dblog's producer settings less
+    its transactions, until the broker acknowledged every row."""
+    from confluent_kafka import Producer
+
+    topic = f"floor{page}_{db}"
+    create_topics([topic])
+    source = MysqlSource(url)
+    producer = Producer(
+        {
+            "bootstrap.servers": KAFKA,
+            "enable.idempotence": True,
+            "linger.ms": 20,
+            "compression.type": "lz4",
+        }
+    )
+    started, last, rows = time.perf_counter(), -1, 0
+    sql = f"SELECT * FROM `{db}`.`bench` WHERE id > %s ORDER BY id LIMIT %s"
+    while True:
+        names, batch = select_page(source, sql, [last, page])
+        if not batch:
+            break
+        for row in batch:
+            value = json.dumps(dict(zip(names, row, strict=True)), default=str)
+            while True:
+                try:
+                    producer.produce(topic, value, json.dumps([row[0]]))
+                    break
+                except BufferError:  # the local queue is full: let the broker catch up
+                    producer.poll(0.01)
+            producer.poll(0)
+        rows += len(batch)
+        last = batch[-1][0]
+    if producer.flush(60):
+        raise RuntimeError("the floor's producer did not deliver every row in 60 s")
+    elapsed = time.perf_counter() - started
+    source.close()
+    return rows / elapsed
 
 
 def wait_for(
@@ -587,6 +630,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for size in select
         }
         result["pymysql_select_rows_per_s"] = {str(k): round(v) for k, v in pymysql_select.items()}
+        floor = {size: select_to_kafka_rows_per_s(url, db, size) for size in select}
+        result["select_to_kafka_rows_per_s"] = {str(k): round(v) for k, v in floor.items()}
         result["debezium"] = {
             str(size): run_debezium(
                 home, java, work, conn, db, args.rows, size, args.debezium_property
@@ -613,6 +658,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "dblog_vs_debezium": {},
             "dblog_vs_select": {},
             "dblog_vs_pymysql_select": {},
+            "dblog_vs_select_to_kafka": {},
             "debezium_vs_select": {},
         }
         for size in sorted(set(dbz_sizes + dblog_sizes)):
@@ -622,6 +668,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 ratios["dblog_vs_debezium"][key] = round(ours["rows_per_s"] / dbz["rows_per_s"], 3)
             if ours:
                 ratios["dblog_vs_select"][key] = round(ours["rows_per_s"] / select[size], 3)
+                ratios["dblog_vs_select_to_kafka"][key] = round(ours["rows_per_s"] / floor[size], 3)
                 ratios["dblog_vs_pymysql_select"][key] = round(
                     ours["rows_per_s"] / pymysql_select[size], 3
                 )
@@ -633,7 +680,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with conn.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
         conn.close()
-        delete_topics([f"dbz{s}_{db}" for s in dbz_sizes] + [f"dblog_{db}"])
+        delete_topics(
+            [f"dbz{s}_{db}" for s in dbz_sizes]
+            + [f"dblog_{db}"]
+            + [f"floor{s}_{db}" for s in sorted(set(dbz_sizes + dblog_sizes))]
+        )
         if args.keep_logs:
             Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
             for log in work.rglob("*.log"):

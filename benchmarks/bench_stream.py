@@ -262,20 +262,28 @@ class Writer(threading.Thread):
         conn.close()
 
 
+def select_page(source: MysqlSource, sql: str, params: list[Any]) -> tuple[list[str], list[Any]]:
+    """(column names, rows) of one SELECT on the connection the source's chunk SELECTs use."""
+    if source._c_rows is not None:
+        return source._c_rows.select(sql, params)
+
+    def work(cur: Any) -> tuple[list[str], list[Any]]:
+        cur.execute(sql, params)
+        return [d[0] for d in cur.description], list(cur.fetchall())
+
+    result: tuple[list[str], list[Any]] = source._run("select a page", work)
+    return result
+
+
 def plain_select_rows_per_s(
     url: str, db: str, table: str, page: int, mysqlclient: bool = MYSQLCLIENT
 ) -> float:
     """A keyset scan of the table through a driver dblog's chunk SELECTs use, converting values
     alike (by default the one they use: mysqlclient when installed): the floor a chunk can reach."""
     source = MysqlSource(url, mysqlclient=mysqlclient)
-    c_rows = source._c_rows
-
-    def select(sql: str, params: list[Any]) -> list[Any]:
-        return c_rows.select(sql, params)[1] if c_rows else source.query(sql, params)
-
     started, last, rows = time.perf_counter(), -1, 0
     sql = f"SELECT * FROM `{db}`.`{table}` WHERE id > %s ORDER BY id LIMIT %s"
-    while batch := select(sql, [last, page]):
+    while batch := select_page(source, sql, [last, page])[1]:
         rows += len(batch)
         last = batch[-1][0]
     source.close()
