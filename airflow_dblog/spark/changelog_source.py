@@ -172,10 +172,13 @@ class ChangelogStreamReader(DataSourceStreamReader):
             return False
         closes = [(t, self._counts(spool, seq).closed) for seq, t in sorted(written.items())]
         closes = [(t, n) for t, n in closes if n]
-        after_first = sum(n for _, n in closes[1:])
+        # the pace of the later half: a dump's first chunks are slower (the short first one,
+        # then the first full chunk's cut) and do not say when its last ones close
+        recent = closes[len(closes) // 2 :] if len(closes) > 2 else closes
+        after_first = sum(n for _, n in recent[1:])
         if not after_first:
             return False  # no pace to judge by
-        pace = (closes[-1][0] - closes[0][0]) / after_first
+        pace = (recent[-1][0] - recent[0][0]) / after_first
         return (newest.selecting + newest.unselected) * pace <= budget
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:

@@ -427,6 +427,27 @@ def test_a_due_batch_waits_longer_for_a_dump_whose_last_chunks_are_due_within_a_
     assert reader.latestOffset({"segment": 1}) == {"segment": 5}
 
 
+def test_a_dumps_slow_first_chunks_do_not_set_the_pace_of_its_last_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, clock, spool, reader = _reader_after_a_chunk(tmp_path, monkeypatch, selecting=0)
+    assert reader.latestOffset({"segment": 0}) == {"segment": 1}
+    clock[0] += 3.0  # that batch took 3 s: the wait is 3 s, and at most 3 times as long
+    # chunks closed 4 s apart at first, then every half second
+    for n, written_ago in enumerate([6.0, 2.0, 1.5, 1.0, 0.5], start=2):
+        seq = spool.append([], {"closed": [{"chunk_id": n}], "selecting": 1, "unselected": 0})
+        os.utime(tmp_path / Spool.name(seq), (clock[0] - written_ago,) * 2)
+    seq = spool.append([], {"closed": [], "selecting": 1, "unselected": 4})
+    os.utime(tmp_path / Spool.name(seq), (clock[0],) * 2)
+    # 1 + 4 chunks at half a second each are due in 2.5 s, within a batch's 3 s (at the whole
+    # run's pace, 1.375 s each, they would not be): it waits 9 s
+    assert reader.latestOffset({"segment": 1}) == {"segment": 1}
+    clock[0] += 9.0 - 0.125
+    assert reader.latestOffset({"segment": 1}) == {"segment": 1}
+    clock[0] += 0.125
+    assert reader.latestOffset({"segment": 1}) == {"segment": 7}
+
+
 def _reader_after_a_chunk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, selecting: int
 ) -> tuple[Any, list[float], Spool, Any]:
