@@ -609,10 +609,11 @@ def test_every_type_reads_the_same_through_mysqlclient_and_pymysql(db: Db) -> No
                 source.select_keys(table, keys),
             ]
     assert read[True] == read[False]
-    typed = [[{k: type(v) for k, v in row.items()} for _, row in rows] for rows in read[True]]
-    assert typed == [
-        [{k: type(v) for k, v in row.items()} for _, row in rows] for rows in read[False]
-    ]
+    assert _types(read[True]) == _types(read[False])
+
+
+def _types(reads: list[list[tuple[Any, dict[str, Any]]]]) -> list[list[dict[str, type]]]:
+    return [[{k: type(v) for k, v in row.items()} for _, row in rows] for rows in reads]
 
 
 def test_snapshot_position_splits_the_binlog(
