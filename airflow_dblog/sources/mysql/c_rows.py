@@ -58,30 +58,23 @@ def _as_pymysql(err: Exception) -> pymysql.MySQLError:
 class CRows:
     """One mysqlclient connection, opened when first used, that runs chunk SELECTs."""
 
-    def __init__(self, settings: ConnectionSettings, read_timeout: float | None) -> None:
+    def __init__(
+        self, settings: ConnectionSettings, read_timeout: float | None, init_command: str
+    ) -> None:
         self.settings = settings
         self._read_timeout = read_timeout
+        self._init_command = init_command
         self._conn: Any = None
 
     def _connection(self) -> Any:
         if self._conn is None:
-            s = self.settings
-            kwargs: dict[str, Any] = {
-                "host": s.host,
-                "port": s.port,
-                "user": s.user,
-                "password": s.password,
-                "charset": "utf8mb4",
-                "connect_timeout": max(1, round(s.connect_timeout)),
-                "autocommit": True,
-                "init_command": "SET time_zone = '+00:00'",
-                "conv": _conversions(),
-            }
-            if s.unix_socket:
-                kwargs["unix_socket"] = s.unix_socket
+            kwargs = self.settings.pymysql_kwargs()  # same names; mysqlclient wants whole seconds
+            kwargs["connect_timeout"] = max(1, round(self.settings.connect_timeout))
             if self._read_timeout:
                 kwargs["read_timeout"] = kwargs["write_timeout"] = max(1, round(self._read_timeout))
-            self._conn = MySQLdb.connect(**kwargs)  # type: ignore[union-attr]
+            self._conn = MySQLdb.connect(  # type: ignore[union-attr]
+                **kwargs, autocommit=True, init_command=self._init_command, conv=_conversions()
+            )
         return self._conn
 
     def select(self, sql: str, params: Sequence[Any] | None) -> tuple[list[str], list[Any]]:

@@ -56,6 +56,8 @@ WATERMARK_DB = "dblog"
 WATERMARK_TABLE = "dblog_watermarks"
 WATERMARK_TABLE_ID = TableId(WATERMARK_DB, WATERMARK_TABLE)
 
+SESSION_INIT = "SET time_zone = '+00:00'"  # TIMESTAMP reads as the binlog holds it: UTC
+
 END_OF_EVENT = 2**32 - 1
 """Row index of a position that lies after every row of the event ending at its offset."""
 
@@ -136,7 +138,7 @@ class MysqlSource(SqlSource[Position]):
         self._read_timeout = read_timeout
         self._conn: pymysql.connections.Connection | None = None
         # chunk SELECTs on mysqlclient when installed (c_rows.py); everything else on PyMySQL
-        self._c_rows = CRows(self.settings, read_timeout) if mysqlclient else None
+        self._c_rows = CRows(self.settings, read_timeout, SESSION_INIT) if mysqlclient else None
         self._tables: dict[TableId, TableInfo] = {}
         self._version: str | None = None
         self._status_sql: str | None = None
@@ -152,7 +154,7 @@ class MysqlSource(SqlSource[Position]):
                 autocommit=True,
                 read_timeout=self._read_timeout,
                 write_timeout=self._read_timeout,
-                init_command="SET time_zone = '+00:00'",
+                init_command=SESSION_INIT,
                 cursorclass=pymysql.cursors.Cursor,
                 conv=CONVERSIONS,
             )
