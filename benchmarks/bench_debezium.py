@@ -56,6 +56,7 @@ from typing import Any
 import pymysql
 from bench_binlog_reader import write_rows
 from bench_stream import (
+    chunk_connection,
     cpu_seconds,
     machine_busy_seconds,
     pids_named,
@@ -71,7 +72,6 @@ from airflow_dblog.config import load_config
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.sources.mysql.c_rows import AVAILABLE as MYSQLCLIENT
 from airflow_dblog.sources.mysql.connection import parse_mysql_url
-from airflow_dblog.sources.mysql.source import MysqlSource
 
 PORT = int(os.environ.get("DBLOG_MYSQL_PORT", "3306"))
 KAFKA = f"127.0.0.1:{os.environ.get('DBLOG_KAFKA_PORT', '9092')}"
@@ -224,7 +224,7 @@ def select_to_kafka_rows_per_s(url: str, db: str, page: int) -> float:
 
     topic = f"floor{page}_{db}"
     create_topics([topic])
-    source = MysqlSource(url)
+    conn = chunk_connection(url)
     producer = Producer(
         {
             "bootstrap.servers": KAFKA,
@@ -236,7 +236,7 @@ def select_to_kafka_rows_per_s(url: str, db: str, page: int) -> float:
     started, last, rows = time.perf_counter(), -1, 0
     sql = f"SELECT * FROM `{db}`.`bench` WHERE id > %s ORDER BY id LIMIT %s"
     while True:
-        names, batch = select_page(source, sql, [last, page])
+        names, batch = select_page(conn, sql, [last, page])
         if not batch:
             break
         for row in batch:
@@ -253,7 +253,7 @@ def select_to_kafka_rows_per_s(url: str, db: str, page: int) -> float:
     if producer.flush(60):
         raise RuntimeError("the floor's producer did not deliver every row in 60 s")
     elapsed = time.perf_counter() - started
-    source.close()
+    conn.close()
     return rows / elapsed
 
 

@@ -48,8 +48,10 @@ from airflow_dblog.config import load_config
 from airflow_dblog.core.position import Position, binlog_file_index
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.sources.mysql.c_rows import AVAILABLE as MYSQLCLIENT
+from airflow_dblog.sources.mysql.c_rows import CRows
 from airflow_dblog.sources.mysql.connection import parse_mysql_url
-from airflow_dblog.sources.mysql.source import MysqlSource
+from airflow_dblog.sources.mysql.source import SESSION_INIT, MysqlSource
+from airflow_dblog.sources.mysql.text_values import CONVERSIONS
 
 PORT = os.environ.get("DBLOG_MYSQL_PORT", "3306")
 KAFKA = f"127.0.0.1:{os.environ.get('DBLOG_KAFKA_PORT', '9092')}"
@@ -262,17 +264,20 @@ class Writer(threading.Thread):
         conn.close()
 
 
-def select_page(source: MysqlSource, sql: str, params: list[Any]) -> tuple[list[str], list[Any]]:
-    """(column names, rows) of one SELECT on the connection the source's chunk SELECTs use."""
-    if source._c_rows is not None:
-        return source._c_rows.select(sql, params)
+def chunk_connection(url: str, mysqlclient: bool = MYSQLCLIENT) -> Any:
+    """A connection like the one dblog's chunk SELECTs run on, converting values alike:
+    mysqlclient's when installed (and ``mysqlclient``), else PyMySQL's."""
+    settings = parse_mysql_url(url)
+    if mysqlclient and MYSQLCLIENT:
+        return CRows(settings, None, SESSION_INIT).connection()
+    return pymysql.connect(**settings.pymysql_kwargs(), init_command=SESSION_INIT, conv=CONVERSIONS)
 
-    def work(cur: Any) -> tuple[list[str], list[Any]]:
+
+def select_page(conn: Any, sql: str, params: list[Any]) -> tuple[list[str], list[Any]]:
+    """(column names, rows) of one SELECT."""
+    with conn.cursor() as cur:
         cur.execute(sql, params)
         return [d[0] for d in cur.description], list(cur.fetchall())
-
-    result: tuple[list[str], list[Any]] = source._run("select a page", work)
-    return result
 
 
 def plain_select_rows_per_s(
@@ -280,13 +285,13 @@ def plain_select_rows_per_s(
 ) -> float:
     """A keyset scan of the table through a driver dblog's chunk SELECTs use, converting values
     alike (by default the one they use: mysqlclient when installed): the floor a chunk can reach."""
-    source = MysqlSource(url, mysqlclient=mysqlclient)
+    conn = chunk_connection(url, mysqlclient)
     started, last, rows = time.perf_counter(), -1, 0
     sql = f"SELECT * FROM `{db}`.`{table}` WHERE id > %s ORDER BY id LIMIT %s"
-    while batch := select_page(source, sql, [last, page])[1]:
+    while batch := select_page(conn, sql, [last, page])[1]:
         rows += len(batch)
         last = batch[-1][0]
-    source.close()
+    conn.close()
     return rows / (time.perf_counter() - started)
 
 

@@ -47,7 +47,8 @@ class SqlSource(Closeable, Generic[Snap]):
     """The connection handling and the Source methods MySQL and PostgreSQL spell alike."""
 
     product: ClassVar[str]  # "MySQL", "PostgreSQL": log lines
-    driver_error: ClassVar[type[Exception]]  # the driver's base error: what _run looks at
+    # the drivers' base errors: what _run looks at
+    driver_error: ClassVar[type[Exception] | tuple[type[Exception], ...]]
     begin_snapshot: ClassVar[tuple[str, ...]]  # statements that open a snapshot transaction
     dialect: ClassVar[Dialect]  # how its keyset SQL is spelled
 
@@ -86,6 +87,11 @@ class SqlSource(Closeable, Generic[Snap]):
         """What a key value of ``col`` should look like, for the error message."""
         raise NotImplementedError
 
+    def _chunk_connection(self) -> Any:
+        """The open connection chunk SELECTs run on: the source's own unless it has a faster
+        one for plain SELECTs."""
+        return self._connection()
+
     def _fetch_rows(self, cur: Any, key: Sequence[str]) -> list[tuple[Key, Row]]:
         """The executed SELECT's rows as ``(key, row)``; ``key``: the key column names."""
         raise NotImplementedError
@@ -113,13 +119,16 @@ class SqlSource(Closeable, Generic[Snap]):
                 self._conn.close()
             self._conn = None
 
-    def _run(self, doing: str, work: Callable[[Any], Any]) -> Any:
+    def _run(
+        self, doing: str, work: Callable[[Any], Any], connection: Callable[[], Any] | None = None
+    ) -> Any:
         """Run ``work`` on a cursor; reconnect and retry once if the connection was lost.
 
         ``work`` must be safe to repeat (reads, idempotent upserts, whole transactions).
+        ``connection``: opens the connection to run on (the source's own by default).
         """
         for attempt in (0, 1):
-            conn = self._connection()
+            conn = (connection or self._connection)()
             try:
                 with conn.cursor() as cur:
                     return work(cur)
@@ -241,7 +250,7 @@ class SqlSource(Closeable, Generic[Snap]):
             cur.execute(sql, params)
             return self._fetch_rows(cur, key)
 
-        return self._run(doing, work)
+        return self._run(doing, work, self._chunk_connection)
 
     def select_range(
         self, table: TableId, lower: Key | None, upper: Key, limit: int

@@ -6,14 +6,14 @@ libmysqlclient) hands each value to the same converters as :mod:`.text_values` (
 so a row reads the same through either driver, types included. Only the plain chunk SELECTs use
 it: watermarks, schema, positions and snapshot chunks stay on the source's PyMySQL connection.
 
-Its errors are raised again as the PyMySQL error of the same DB-API class and arguments, so the
-source's one reconnect-and-retry and its one-line errors apply to both connections alike.
+The source reads its errors as the PyMySQL error of the same DB-API class and arguments
+(:func:`as_pymysql`), so its one reconnect-and-retry and its one-line errors apply to both
+connections alike.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from typing import Any
 
 import pymysql
@@ -29,6 +29,8 @@ except ImportError:  # the extra is not installed: PyMySQL reads the chunks
     MySQLdb = None
 
 AVAILABLE = MySQLdb is not None
+# what a chunk SELECT on this connection raises
+ERRORS: tuple[type[Exception], ...] = (MySQLdb.Error,) if MySQLdb is not None else ()
 
 # PyMySQL's decoders for the types it converts; text and bytes are left to mysqlclient, which
 # decodes non-binary text itself (SET too: mysqlclient's own converter would make it a set).
@@ -50,13 +52,16 @@ def _conversions() -> dict[Any, Any]:
     return conv
 
 
-def _as_pymysql(err: Exception) -> pymysql.MySQLError:
+def as_pymysql(err: Exception) -> pymysql.MySQLError:
+    """A mysqlclient error as PyMySQL's error of the same DB-API class (a PyMySQL one as is)."""
+    if isinstance(err, pymysql.MySQLError):
+        return err
     kind = getattr(pymysql.err, type(err).__name__, pymysql.err.OperationalError)
     return kind(*err.args)  # type: ignore[no-any-return]
 
 
 class CRows:
-    """One mysqlclient connection, opened when first used, that runs chunk SELECTs."""
+    """One mysqlclient connection for chunk SELECTs, opened when first asked for."""
 
     def __init__(
         self, settings: ConnectionSettings, read_timeout: float | None, init_command: str
@@ -66,7 +71,7 @@ class CRows:
         self._init_command = init_command
         self._conn: Any = None
 
-    def _connection(self) -> Any:
+    def connection(self) -> Any:
         if self._conn is None:
             kwargs = self.settings.pymysql_kwargs()  # same names; mysqlclient wants whole seconds
             kwargs["connect_timeout"] = max(1, round(self.settings.connect_timeout))
@@ -76,15 +81,6 @@ class CRows:
                 **kwargs, autocommit=True, init_command=self._init_command, conv=_conversions()
             )
         return self._conn
-
-    def select(self, sql: str, params: Sequence[Any] | None) -> tuple[list[str], list[Any]]:
-        """(column names, rows) of one SELECT; PyMySQL's error for a failure."""
-        try:
-            with self._connection().cursor() as cur:
-                cur.execute(sql, params)
-                return [d[0] for d in cur.description], list(cur.fetchall())
-        except MySQLdb.Error as err:  # type: ignore[union-attr]
-            raise _as_pymysql(err) from None
 
     def close(self) -> None:
         if self._conn is not None:

@@ -31,10 +31,8 @@ from airflow_dblog.core.position import Position, binlog_file_index
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.redact import redact
 from airflow_dblog.sources.base import Column, Key, Offset, TableSchema
-from airflow_dblog.sources.keyset import Statement
-from airflow_dblog.sources.mysql import lag
+from airflow_dblog.sources.mysql import c_rows, lag
 from airflow_dblog.sources.mysql.c_rows import AVAILABLE as MYSQLCLIENT
-from airflow_dblog.sources.mysql.c_rows import CRows
 from airflow_dblog.sources.mysql.connection import (
     CONNECTION_LOST,
     DENIED,
@@ -118,7 +116,7 @@ class MysqlSource(SqlSource[Position]):
 
     kind = "mysql"
     product = "MySQL"
-    driver_error = pymysql.MySQLError
+    driver_error = (pymysql.MySQLError, *c_rows.ERRORS)
     begin_snapshot = (
         "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",
         "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY",
@@ -138,7 +136,9 @@ class MysqlSource(SqlSource[Position]):
         self._read_timeout = read_timeout
         self._conn: pymysql.connections.Connection | None = None
         # chunk SELECTs on mysqlclient when installed (c_rows.py); everything else on PyMySQL
-        self._c_rows = CRows(self.settings, read_timeout, SESSION_INIT) if mysqlclient else None
+        self._c_rows = (
+            c_rows.CRows(self.settings, read_timeout, SESSION_INIT) if mysqlclient else None
+        )
         self._tables: dict[TableId, TableInfo] = {}
         self._version: str | None = None
         self._status_sql: str | None = None
@@ -160,6 +160,9 @@ class MysqlSource(SqlSource[Position]):
             )
         return self._conn
 
+    def _chunk_connection(self) -> Any:
+        return self._connection() if self._c_rows is None else self._c_rows.connection()
+
     def _drop_connection(self) -> None:
         super()._drop_connection()
         if self._c_rows is not None:
@@ -173,6 +176,7 @@ class MysqlSource(SqlSource[Position]):
         return SourceError(f"MySQL at {self.where} failed to {doing}: ({code}) {text}")
 
     def _lost(self, err: Exception, conn: Any) -> bool:
+        err = c_rows.as_pymysql(err)
         if isinstance(err, pymysql.err.InterfaceError):
             return True
         if not isinstance(err, pymysql.err.OperationalError):
@@ -181,8 +185,7 @@ class MysqlSource(SqlSource[Position]):
         return code in CONNECTION_LOST
 
     def _failure(self, err: Exception, conn: Any, doing: str, lost: bool) -> Exception:
-        assert isinstance(err, pymysql.MySQLError)
-        return self._error(err, doing)
+        return self._error(c_rows.as_pymysql(err), doing)
 
     def query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
         """Rows of one statement (internal helper, also used by the binlog reader)."""
@@ -414,19 +417,15 @@ class MysqlSource(SqlSource[Position]):
             estimate = int(rows[0][0] or 0) if rows else 0
         return max(0, estimate)
 
-    def _select(self, doing: str, key: Sequence[str], statement: Statement) -> Any:
-        c_rows = self._c_rows
-        if c_rows is None:
-            return super()._select(doing, key, statement)
-
-        def work(_: pymysql.cursors.Cursor) -> list[tuple[Key, Row]]:
-            return _keyed_rows(*c_rows.select(*statement), key)
-
-        return self._run(doing, work)
-
     @staticmethod
-    def _fetch_rows(cur: pymysql.cursors.Cursor, key: Sequence[str]) -> list[tuple[Key, Row]]:
-        return _keyed_rows([d[0] for d in cur.description], cur.fetchall(), key)
+    def _fetch_rows(cur: Any, key: Sequence[str]) -> list[tuple[Key, Row]]:
+        """On either driver's cursor (DB-API: the same description and rows)."""
+        names = [d[0] for d in cur.description]
+        index = [names.index(c) for c in key]
+        return [
+            (tuple(values[i] for i in index), dict(zip(names, values, strict=True)))
+            for values in cur.fetchall()
+        ]
 
     # -- watermarks -------------------------------------------------------------------------
 
@@ -539,12 +538,3 @@ class MysqlSource(SqlSource[Position]):
         """The binlog position of the consistent snapshot: a change whose event position is
         greater is not in the rows."""
         return self.position(*self._snapshot_status(cur))
-
-
-def _keyed_rows(
-    names: list[str], rows: Iterable[Sequence[Any]], key: Sequence[str]
-) -> list[tuple[Key, Row]]:
-    index = [names.index(c) for c in key]
-    return [
-        (tuple(values[i] for i in index), dict(zip(names, values, strict=True))) for values in rows
-    ]

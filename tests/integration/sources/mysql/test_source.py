@@ -216,6 +216,19 @@ def test_a_chunk_select_reconnects_after_losing_its_mysqlclient_connection(
     assert source._c_rows._conn is not conn
 
 
+def test_a_chunk_select_failing_on_mysqlclient_is_one_line_naming_the_chunk_and_the_error(
+    db: Db, source: MysqlSource
+) -> None:
+    assert source._c_rows is not None, "scripts/test.sh installs the mysqlclient extra"
+    db.execute(f"CREATE TABLE {db.q('gone')} (id int PRIMARY KEY)")
+    table = db.table("gone")
+    source.describe(table)
+    db.execute(f"DROP TABLE {db.q('gone')}")
+    with pytest.raises(SourceError, match=r"failed to select a chunk of .*gone: \(1146\)") as err:
+        source.select_range(table, None, (2,), 10)
+    assert "\n" not in str(err.value)
+
+
 # -- coerce_key --------------------------------------------------------------------------------
 
 
