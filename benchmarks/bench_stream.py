@@ -49,7 +49,7 @@ from airflow_dblog.core.position import Position, binlog_file_index
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.sources.mysql.c_rows import AVAILABLE as MYSQLCLIENT
 from airflow_dblog.sources.mysql.c_rows import CRows
-from airflow_dblog.sources.mysql.connection import parse_mysql_url
+from airflow_dblog.sources.mysql.connection import connect, parse_mysql_url
 from airflow_dblog.sources.mysql.source import SESSION_INIT, MysqlSource
 from airflow_dblog.sources.mysql.text_values import CONVERSIONS
 
@@ -270,7 +270,7 @@ def chunk_connection(url: str, mysqlclient: bool = MYSQLCLIENT) -> Any:
     settings = parse_mysql_url(url)
     if mysqlclient and MYSQLCLIENT:
         return CRows(settings, None, SESSION_INIT).connection()
-    return pymysql.connect(**settings.pymysql_kwargs(), init_command=SESSION_INIT, conv=CONVERSIONS)
+    return connect(settings, autocommit=True, init_command=SESSION_INIT, conv=CONVERSIONS)
 
 
 def select_page(conn: Any, sql: str, params: list[Any]) -> tuple[list[str], list[Any]]:
