@@ -124,6 +124,7 @@ class Capture:
             self.files,
             config.source.url,
             self.wake,
+            typed=config.delta is not None,
         )
         self.batch_id = batch_id
         self.settings: DumpSettings = config.dump
@@ -197,6 +198,7 @@ class Capture:
             beyond=beyond,
             verify=verify,
             absent=[to_json(k) for k in dumped.deleted] if verify else [],
+            typed=[list(c) for c in rows.typed],
         )
 
     def _verify_mode(self, dump_id: int) -> str:

@@ -32,6 +32,7 @@ from airflow_dblog.engine.chunk_task import ChunkTask, error_of
 from airflow_dblog.engine.metadata import MetadataStore
 from airflow_dblog.engine.metadata.dumps import Claimable, chunk_rows
 from airflow_dblog.engine.metadata.models import Chunk, DumpTable
+from airflow_dblog.engine.typed_values import stored_columns
 from airflow_dblog.errors import DblogError, FencedError, MetadataError, SourceError
 from airflow_dblog.sources.base import Key, Source, TableSchema, Wake
 from airflow_dblog.sources.watermark import Opened, Selection, WatermarkStrategy
@@ -79,9 +80,13 @@ class ChunkExecutor:
         files: ChunkFiles,
         url: str,
         wake: Wake | None = None,
+        typed: bool = False,
     ) -> None:
         """``wake`` is set when a SELECT ends: the capture's log read stops waiting for the
-        log, and the chunk's watermark follows at once."""
+        log, and the chunk's watermark follows at once. ``typed``: chunk files hold the
+        columns typed too (:mod:`~airflow_dblog.engine.typed_values`; the stream writes to
+        Delta)."""
+        self.typed = typed
         self.source, self.store, self.merge = source, store, merge
         self.stream, self.strategy, self.worker = stream, strategy, worker
         self.runner, self.files, self.url, self.wake = runner, files, url, wake
@@ -239,6 +244,7 @@ class ChunkExecutor:
             selection.upper,
             selection.limit,
             selection.keys,
+            stored_columns(known.columns) if self.typed else (),
         )
         opened = self.strategy.open(
             lambda window: self.merge.open_chunk(chunk.id, chunk.dump_id, selection.table, window)
@@ -294,7 +300,8 @@ class ChunkExecutor:
             and selected.count == task.limit
             and selected.last_key != chunk.upper_key
         )
-        rows = ChunkRows(task.folder, selected.key_span, self._covered(chunk, selected, split))
+        covers = self._covered(chunk, selected, split)
+        rows = ChunkRows(task.folder, selected.key_span, covers, selected.typed)
         self.merge.rows_ready(chunk.id, selected.count, rows, absent=selected.absent)
         self.strategy.finish(flight.opened)
         schema = self.source.describe(task.table)

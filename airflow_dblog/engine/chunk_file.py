@@ -6,7 +6,9 @@ store the checkpoint is (local, ``s3a://``, ...), never through the driver. A ro
 the spool and Kafka use (:mod:`~airflow_dblog.engine.event_text`): ``key`` (the key values as a
 JSON array), ``after`` (the row image), plus ``idx`` (its place in the SELECT's key order) and
 ``mkey`` (:func:`~airflow_dblog.core.keys.match_key`, what the window's changed keys are compared
-with).
+with), and, when the stream writes to Delta, each source column typed as Delta stores it
+(``v0``, ``v1``, ... in the order of :attr:`ChunkRef.typed`; see
+:mod:`~airflow_dblog.engine.typed_values`).
 
 When the chunk's window closes, the spool gets a :class:`ChunkRef` in the place its rows belong:
 the folder, the position the rows are placed at, and the ``idx`` of the rows to leave out (their
@@ -31,11 +33,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from airflow_dblog.core.keys import match_key, to_json
 from airflow_dblog.engine.event_text import EventText, key_text, row_text
 from airflow_dblog.engine.spool_store import arrow_filesystem, is_uri, join, task_conf
+from airflow_dblog.engine.typed_values import typed_arrays
 from airflow_dblog.errors import DblogError
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from airflow_dblog.core.events import Row
     from airflow_dblog.core.merge import Key, Rows
 
 log = logging.getLogger(__name__)
@@ -79,6 +83,7 @@ class ChunkSelected:
     error: tuple[str, str] | None = None  # the error's class name and its one line
     pid: int = 0
     absent: tuple[Key, ...] = ()
+    typed: tuple[tuple[str, str], ...] = ()
 
 
 class Covered(NamedTuple):
@@ -99,11 +104,13 @@ class Covered(NamedTuple):
 
 class ChunkRows(NamedTuple):
     """Where a selected chunk's rows are, as the merge passes them on (``DumpedRows.rows``),
-    and which keys it covered (a range chunk; None for a key list)."""
+    which keys it covered (a range chunk; None for a key list) and which columns it holds
+    typed."""
 
     folder: str
     key_span: list[Any] | None
     covers: Covered | None = None
+    typed: tuple[tuple[str, str], ...] = ()
 
 
 def span(bounds: list[Any] | None, value: Any) -> list[Any] | None:
@@ -120,16 +127,27 @@ def span(bounds: list[Any] | None, value: Any) -> list[Any] | None:
     return [min(bounds[0], value), max(bounds[1], value)]
 
 
+def typed_name(index: int) -> str:
+    """The chunk file's column of the ``index``-th typed column."""
+    return f"v{index}"
+
+
 def encode_rows(
-    chunk_id: int, rows: Rows, info: Any = None, asked: Sequence[Key] | None = None
+    chunk_id: int,
+    rows: Rows,
+    info: Any = None,
+    asked: Sequence[Key] | None = None,
+    typed: Sequence[tuple[str, str]] = (),
 ) -> tuple[pa.Table, ChunkSelected]:
     """The chunk file's table for rows in SELECT order, and what the driver is told of them
-    (``asked``: a key-list chunk's keys, of which those not selected are reported absent)."""
+    (``asked``: a key-list chunk's keys, of which those not selected are reported absent;
+    ``typed``: the columns, name and stored type, to write typed too)."""
     import pyarrow as pa
 
     keys: list[str] = []
     mkeys: list[str] = []
     afters: list[str] = []
+    images: list[Row] = []
     first: list[Any] | None = []
     last: Sequence[Any] | None = None
     for key, row in rows:
@@ -138,6 +156,7 @@ def encode_rows(
         # an integer key's match text is its JSON text (the usual key, spared a second encode)
         mkeys.append(text if all(type(v) is int for v in key) else match_key(key))
         afters.append(row_text(row))
+        images.append(row)
         first = span(first, key[0])
         last = key
     n = len(keys)
@@ -151,12 +170,19 @@ def encode_rows(
         ],
         schema=arrow_schema(),
     )
+    arrays = typed_arrays(images, typed) if typed and n else None
+    if arrays is not None:
+        for index, array in enumerate(arrays):
+            table = table.append_column(typed_name(index), array)
     last_key = None if last is None else to_json(last)
     absent: tuple[Key, ...] = ()
     if asked is not None:  # a key-list chunk: a range chunk asks for no keys
         found = set(mkeys)
         absent = tuple(tuple(k) for k in asked if match_key(k) not in found)
-    return table, ChunkSelected(n, last_key, first or None, info, pid=os.getpid(), absent=absent)
+    written = tuple(typed) if arrays is not None else ()
+    return table, ChunkSelected(
+        n, last_key, first or None, info, pid=os.getpid(), absent=absent, typed=written
+    )
 
 
 def parquet_bytes(table: pa.Table) -> bytes:
@@ -195,6 +221,9 @@ class ChunkRef:
     # the keys it asked for that the source lacks (``absent``, JSON values) are not deleted
     verify: str = ""
     absent: list[list[Any]] = field(default_factory=list)
+    # the columns (name, stored type) its file holds typed, as ``v0``, ``v1``, ...; empty: the
+    # rows' JSON alone (a stream without Delta, a value with no typed form, an older record)
+    typed: list[list[str]] = field(default_factory=list)
 
     @property
     def checks_extras(self) -> bool:

@@ -43,6 +43,7 @@ class ChunkTask:
     upper: Key | None = None
     limit: int = 0
     keys: list[Key] | None = None
+    typed: tuple[tuple[str, str], ...] = ()  # columns to write typed too (Delta reads them)
 
     def selection(self) -> Selection:
         return Selection(self.table, self.lower, self.upper, self.limit, self.keys)
@@ -79,7 +80,7 @@ def run_task(task: ChunkTask) -> tuple[pa.Table, ChunkSelected]:
     except DblogError as err:
         failed = ChunkSelected(error=(type(err).__name__, str(err)))
         return encode_rows(task.chunk_id, [])[0], failed
-    return encode_rows(task.chunk_id, rows, info, task.keys)
+    return encode_rows(task.chunk_id, rows, info, task.keys, task.typed)
 
 
 _ERRORS: dict[str, type[DblogError]] = {

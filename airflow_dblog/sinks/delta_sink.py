@@ -15,8 +15,9 @@ then marks its old row instead of rewriting the row's whole file, which keeps a 
 thousand random updates from rewriting the table (figures in benchmarks/README.md);
 `dblog optimize` compacts what updates leave.
 
-Column types follow the source's declared types; values arrive as the spool's plain JSON and
-are cast on the executors.
+Column types follow the source's declared types (:func:`stored_type`); log events arrive as
+the spool's plain JSON and are cast on the executors, dumped rows as their chunk files' typed
+columns where those hold the table's columns as Delta stores them now, else as JSON too.
 """
 
 from __future__ import annotations
@@ -26,15 +27,17 @@ import re
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 from airflow_dblog.config import DeltaSinkConfig
 from airflow_dblog.core.events import TableId
-from airflow_dblog.engine.chunk_file import POSITION_DIGITS, ChunkFiles, ChunkRef
+from airflow_dblog.engine.chunk_file import POSITION_DIGITS, ChunkFiles, ChunkRef, typed_name
 from airflow_dblog.engine.chunk_file import SPARK_DDL as CHUNK_DDL
 from airflow_dblog.engine.dump_keys import SPARK_DDL as DUMP_KEYS_DDL
 from airflow_dblog.engine.event_text import encode_json
 from airflow_dblog.engine.spool import DumpSpan
+from airflow_dblog.engine.typed_values import stored_columns, stored_type
 from airflow_dblog.errors import DblogError, FencedError
 from airflow_dblog.sinks.base import Comparison, ExtraKeys
 from airflow_dblog.sinks.hadoop_folders import remove_unless_holding
@@ -57,33 +60,25 @@ _WRITTEN_RANGES = 64  # first-key ranges kept per table this process created (De
 SEGMENT_BITS = 32  # a transaction version is (lease token << SEGMENT_BITS) | spool segment
 
 _VERSION_FILE = re.compile(r"^\d{20}\.")  # a commit or a checkpoint in _delta_log
-_INTEGER = re.compile(r"^(tiny|small|medium|big)?int(eger)?\b|^int[248]\b|^(small|big)?serial")
-_DECIMAL = re.compile(r"^(decimal|numeric)\s*\((\d+)(?:\s*,\s*(\d+))?\)")
 
 
 def spark_type(column: Column) -> DataType:
-    """The Spark type a source column is stored as in Delta (text when nothing fits exactly)."""
+    """The Spark type a source column is stored as in Delta (:func:`stored_type`)."""
     from pyspark.sql import types as T
 
-    name = column.type.lower().strip()
-    if _INTEGER.match(name):
-        if name.startswith("bigint") and "unsigned" in name:
-            return T.DecimalType(20, 0)
-        return T.LongType()
-    if m := _DECIMAL.match(name):
-        precision, scale = int(m.group(2)), int(m.group(3) or 0)
-        return T.DecimalType(precision, scale) if precision <= 38 else T.StringType()
-    if name.startswith(("float", "double", "real")):
-        return T.DoubleType()
-    if name in ("bool", "boolean"):
-        return T.BooleanType()
-    if name == "date":
-        return T.DateType()
-    if name.startswith(("datetime", "timestamp")):
-        return T.TimestampType()
-    if name == "bytea" or name.endswith("blob") or name.startswith(("binary", "varbinary")):
-        return T.BinaryType()
-    return T.StringType()
+    stored = stored_type(column)
+    if stored.startswith("decimal("):
+        precision, scale = stored[len("decimal(") : -1].split(",")
+        return T.DecimalType(int(precision), int(scale))
+    return {
+        "bigint": T.LongType(),
+        "double": T.DoubleType(),
+        "boolean": T.BooleanType(),
+        "date": T.DateType(),
+        "timestamp": T.TimestampType(),
+        "binary": T.BinaryType(),
+        "string": T.StringType(),
+    }[stored]
 
 
 def _typed(target: DataType, value: SparkColumn) -> SparkColumn:
@@ -255,21 +250,19 @@ def _same_key(schema: TableSchema) -> SparkColumn:
     return on
 
 
-def dumped_rows(
-    spark: SparkSession,
-    files: ChunkFiles,
-    refs: Sequence[tuple[int, ChunkRef]],
-    columns: Sequence[str],
+def _chunk_rows(
+    spark: SparkSession, files: ChunkFiles, refs: Sequence[tuple[int, ChunkRef]], ddl: str
 ) -> DataFrame:
-    """The closed chunks' rows as events (``columns`` of ``segment.EVENT_COLUMNS``, ``seq``
-    and ``chunk_id``), read by the executors from the chunk files: each ref's rows but those
-    its window dropped, at their positions; ``refs`` pairs each with its spool segment."""
+    """The closed chunks' rows (the file's columns ``ddl``), each ref's rows but those its window
+    dropped, with their ``position`` and their chunk's ``seq``, ``table``, ``dump_id`` and
+    ``ts_ms``, read by the executors from the chunk files; ``refs`` pairs each with its spool
+    segment."""
     from pyspark.sql import functions as F
 
     chunk_ids = [ref.chunk_id for _, ref in refs]
     if len(set(chunk_ids)) != len(chunk_ids):
         raise DblogError(f"a batch refers to one chunk twice: {sorted(chunk_ids)}")
-    rows = spark.read.schema(CHUNK_DDL).parquet(*[files.uri(ref.folder) for _, ref in refs])
+    rows = spark.read.schema(ddl).parquet(*[files.uri(ref.folder) for _, ref in refs])
     meta = spark.createDataFrame(
         [
             (r.chunk_id, seq, r.table, r.position_prefix(), r.first, r.dump_id, r.ts_ms)
@@ -283,15 +276,55 @@ def dumped_rows(
     if drops:
         dropped = spark.createDataFrame(drops, "chunk_id BIGINT, idx BIGINT")
         rows = rows.join(F.broadcast(dropped), ["chunk_id", "idx"], "left_anti")
-    index = (F.col("first") + F.col("idx") + 1).cast("string")
+    index = F.lpad((F.col("first") + F.col("idx") + 1).cast("string"), POSITION_DIGITS, "0")
+    return rows.withColumn("position", F.concat(F.col("prefix"), index))
+
+
+def dumped_rows(
+    spark: SparkSession,
+    files: ChunkFiles,
+    refs: Sequence[tuple[int, ChunkRef]],
+    columns: Sequence[str],
+) -> DataFrame:
+    """The closed chunks' rows as events (``columns`` of ``segment.EVENT_COLUMNS``, ``seq``
+    and ``chunk_id``) at their positions, the row images as JSON text."""
+    from pyspark.sql import functions as F
+
     computed = {
         "op": F.lit("r"),
-        "position": F.concat(F.col("prefix"), F.lpad(index, POSITION_DIGITS, "0")),
         "before": F.lit(None).cast("string"),
         "unavailable": F.array().cast("array<string>"),
         "source": F.lit("{}"),
     }
+    rows = _chunk_rows(spark, files, refs, CHUNK_DDL)
     return rows.select(*[computed.get(c, F.col(c)).alias(c) for c in columns])
+
+
+def typed_dumped_rows(
+    spark: SparkSession,
+    files: ChunkFiles,
+    refs: Sequence[tuple[int, ChunkRef]],
+    schema: TableSchema,
+    *kept: str,
+) -> DataFrame:
+    """The closed chunks' rows as the table's rows (as :meth:`DeltaSink._typed_rows` gives
+    them, ``kept`` of ``key``, ``chunk_id`` and ``_unavailable``), from the typed columns of
+    chunk files that hold the table's columns typed as Delta stores them."""
+    from pyspark.sql import functions as F
+
+    stored = stored_columns(schema.columns)
+    typed = ", ".join(f"{typed_name(i)} {kind}" for i, (_, kind) in enumerate(stored))
+    rows = _chunk_rows(spark, files, refs, f"chunk_id BIGINT, idx BIGINT, key STRING, {typed}")
+    helpers = {"key": F.col("key"), "chunk_id": F.col("chunk_id")}
+    helpers["_unavailable"] = F.array().cast("array<string>")
+    return rows.select(
+        *[F.col(typed_name(i)).alias(name) for i, (name, _) in enumerate(stored)],
+        F.col("position").alias("_dblog_position"),
+        F.lit("r").alias("_dblog_op"),
+        F.lit(False).alias("_dblog_deleted"),
+        F.timestamp_millis(F.col("ts_ms")).alias("_dblog_ts"),
+        *[helpers[k].alias(k) for k in kept],
+    )
 
 
 def table_path(config: DeltaSinkConfig, table: TableId) -> str:
@@ -320,8 +353,9 @@ class FrameBatch:
     """A batch as Delta's query has it: the spool's events (``segment.EVENT_COLUMNS`` and each
     event's segment in ``seq``), the ``db.table`` names with events, the range of the first key
     column of each table's dumped rows, the tables with log events, and the range of the first
-    key column of all the rows of each table with log events (``spool.row_bounds``), and the
-    tables whose rows are one dump's range chunks alone (``spool.sole_dump_spans``)."""
+    key column of all the rows of each table with log events (``spool.row_bounds``), the
+    tables whose rows are one dump's range chunks alone (``spool.sole_dump_spans``), and the
+    chunks whose rows the batch holds, each with its segment, in ``files``."""
 
     events: DataFrame
     tables: Collection[str]
@@ -329,6 +363,8 @@ class FrameBatch:
     logged: Collection[str] = ()
     row_bounds: Mapping[str, tuple[Any, Any]] = field(default_factory=dict)
     sole_dumps: Mapping[str, DumpSpan] = field(default_factory=dict)
+    chunks: Sequence[tuple[int, ChunkRef]] = ()
+    files: ChunkFiles | None = None
 
 
 class DeltaSink:
@@ -420,12 +456,11 @@ class DeltaSink:
         has nothing to look for.
         """
         version = self.txn_version(segment)
-        events = batch.events
         for name in batch.tables:
             table = TableId.parse(name)
             self._follow_schema(table)
-            rows = events.where(events["table"] == name)
             schema = self.schemas[table]
+            rows = self._batch_rows(schema, batch)
             dump = usable_bounds(schema, batch.dump_bounds.get(name))
             both = usable_bounds(schema, batch.row_bounds.get(name))
             target = self._table(table)  # one lookup of the table's log per MERGE
@@ -456,6 +491,47 @@ class DeltaSink:
                 )
         for table in self.schemas:
             self._purge_tombstones(table)
+
+    def _batch_rows(self, schema: TableSchema, batch: FrameBatch) -> DataFrame:
+        """The batch's rows of one table, typed (``_typed_rows``, keeping ``key``, ``chunk_id``
+        and ``_unavailable``): its events, and its chunks' rows, read typed from chunk files
+        that hold its columns as the table now stores them, else parsed from their JSON."""
+        name, events = str(schema.table), batch.events
+        kept = ("key", "chunk_id", "_unavailable")
+        parts = [
+            self._typed_rows(
+                schema,
+                events.where(events["table"] == name).withColumnRenamed("unavailable", kept[2]),
+                *kept,
+            )
+        ]
+        refs = [(seq, ref) for seq, ref in batch.chunks if ref.table == name]
+        if refs:
+            assert batch.files is not None
+            parts.append(self.dumped(schema, refs, batch.files, *kept))
+        return reduce(lambda a, b: a.unionByName(b), parts)
+
+    def dumped(
+        self,
+        schema: TableSchema,
+        refs: Sequence[tuple[int, ChunkRef]],
+        files: ChunkFiles,
+        *kept: str,
+    ) -> DataFrame:
+        """Chunks' rows of one table as its rows (``_typed_rows`` and ``kept``): typed where
+        their files hold the columns as the table stores them now, in the session time zone the
+        typed timestamps assume (UTC), else parsed from their JSON."""
+        stored = [list(c) for c in stored_columns(schema.columns)]
+        utc = self.spark.conf.get("spark.sql.session.timeZone") in ("UTC", "Etc/UTC", "Z")
+        typed = [(seq, r) for seq, r in refs if utc and r.typed == stored]
+        parts = [typed_dumped_rows(self.spark, files, typed, schema, *kept)] if typed else []
+        parsed = [(seq, r) for seq, r in refs if not (utc and r.typed == stored)]
+        if parsed:
+            columns = ["op", "position", "before", "after", "ts_ms", "key", "chunk_id"]
+            events = dumped_rows(self.spark, files, parsed, [*columns, "unavailable"])
+            events = events.withColumnRenamed("unavailable", "_unavailable")
+            parts.append(self._typed_rows(schema, events, *kept))
+        return reduce(lambda a, b: a.unionByName(b), parts)
 
     @property
     def _dump_app_id(self) -> str:
@@ -508,7 +584,8 @@ class DeltaSink:
         append: bool = False,
         one_per_key: bool = False,
     ) -> None:
-        """One guarded MERGE of the newest event of each key.
+        """One guarded MERGE of the newest event of each key (``events``: the table's rows of the
+        batch, as :meth:`_batch_rows` gives them).
 
         ``bounds``: the events' first key column spans ``bounds``: the ON clause says so, and
         Delta reads only the files overlapping that range (dumps arrive in key order) instead
@@ -523,10 +600,7 @@ class DeltaSink:
         from pyspark.sql import functions as F
 
         schema = self.schemas[table]
-        newest = (events if one_per_key else self._latest(events)).withColumnRenamed(
-            "unavailable", "_unavailable"
-        )
-        rows = self._typed_rows(schema, newest, "_unavailable")
+        rows = (events if one_per_key else self._latest(events)).drop("key", "chunk_id")
         target = self._table(table) if target is None else target
         if append or not self._holds_in(table, target, bounds if probe else None):
             # nothing there to match (a new table, a first dump): an append is the MERGE's result
@@ -621,9 +695,10 @@ class DeltaSink:
 
         A dump re-reads rows the table mostly holds already; rewriting each one would hand
         change-feed readers an update per row and a deletion vector per file for nothing. Both
-        sides are cast from the same JSON text to the same Spark types, so equal source values
-        compare equal; values a log and a SELECT spell differently (a float's digits, a JSON
-        document's spacing) compare unequal and are written, as before.
+        sides hold the same Spark types, cast from the same JSON text or written typed as that
+        cast gives them, so equal source values compare equal; values a log and a SELECT spell
+        differently (a float's digits, a JSON document's spacing) compare unequal and are
+        written, as before.
         """
         from pyspark.sql import functions as F
 
@@ -675,8 +750,9 @@ class DeltaSink:
         from pyspark.sql import Window
         from pyspark.sql import functions as F
 
-        newest_first = Window.partitionBy("key").orderBy(F.desc("position"))
-        return events.withColumn("_rn", F.row_number().over(newest_first)).where("_rn = 1")
+        newest_first = Window.partitionBy("key").orderBy(F.desc("_dblog_position"))
+        ranked = events.withColumn("_rn", F.row_number().over(newest_first))
+        return ranked.where("_rn = 1").drop("_rn")
 
     @staticmethod
     def _typed_rows(schema: TableSchema, events: DataFrame, *kept: str) -> DataFrame:
@@ -753,8 +829,6 @@ class DeltaSink:
         none of its chunks selected, one more reads the found keys. A false candidate costs a
         re-read only: the follow-up dump reads each key again.
         """
-        from functools import reduce
-
         parts: list[DataFrame] = []
         types: dict[str, list[DataType]] = {}
         by_table: dict[str, list[ChunkRef]] = {}
@@ -794,8 +868,6 @@ class DeltaSink:
         files: ChunkFiles,
     ) -> DataFrame:
         """One table's candidates: ``table``, ``chunk_id``, ``key`` (the values as text)."""
-        from functools import reduce
-
         from pyspark.sql import functions as F
 
         dumps = sorted({ref.dump_id for ref in checks})
@@ -853,8 +925,6 @@ class DeltaSink:
         None where not looked for). Run after the batch's MERGE, so Delta holds every log event
         up to each chunk's window; a key Delta last changed after the window is the log's word
         and not compared. One Spark job for the whole batch; nothing is written."""
-        from functools import reduce
-
         from pyspark.sql import functions as F
 
         found: Comparison = {
@@ -938,9 +1008,7 @@ class DeltaSink:
         chunks' rows that Delta does not hold as they are."""
         from pyspark.sql import functions as F
 
-        columns = ("chunk_id", "op", "position", "before", "after", "ts_ms")
-        events = dumped_rows(self.spark, files, [(0, r) for r in refs], columns)
-        source = self._typed_rows(schema, events, "chunk_id").alias("s")
+        source = self.dumped(schema, [(0, r) for r in refs], files, "chunk_id").alias("s")
         text_key = _text_key([f"s.{quoted(k)}" for k in schema.key])
         out = [F.lit(name).alias("table"), F.col("s.chunk_id").cast("bigint").alias("chunk_id")]
         if lake is None:

@@ -1,5 +1,5 @@
-"""Delta's batches as Spark reads them from the spool: segments and chunk files into one
-:class:`~airflow_dblog.sinks.delta_sink.FrameBatch`, read by the executors."""
+"""Delta's batches as Spark reads them from the spool: segments (and the chunks they close)
+into one :class:`~airflow_dblog.sinks.delta_sink.FrameBatch`, read by the executors."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from airflow_dblog.engine.spool import (
     row_bounds,
     sole_dump_spans,
 )
-from airflow_dblog.sinks.delta_sink import FrameBatch, dumped_rows
+from airflow_dblog.sinks.delta_sink import FrameBatch
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -45,9 +45,6 @@ def spool_batch(spark: Any, spool: Spool, seqs: Sequence[int]) -> SpoolBatch:
     if not sum(f["events"] for f in footers):
         return SpoolBatch(footers, closed, None)
     events = rows.where("kind = 'event'").select("seq", *EVENT_COLUMNS)
-    emitted = [(seq, ref) for seq, ref in refs if ref.emitted]
-    if emitted:
-        events = events.unionByName(dumped_rows(spark, spool.chunks, emitted, events.columns))
     logged = logged_tables(footers)
     frame = FrameBatch(
         events,
@@ -56,6 +53,8 @@ def spool_batch(spark: Any, spool: Spool, seqs: Sequence[int]) -> SpoolBatch:
         logged,
         row_bounds(footers),
         sole_dump_spans(closed, logged),
+        [(seq, ref) for seq, ref in refs if ref.emitted],
+        spool.chunks,
     )
     return SpoolBatch(footers, closed, frame)
 

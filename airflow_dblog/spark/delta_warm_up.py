@@ -27,6 +27,7 @@ from airflow_dblog.core.position import Position
 from airflow_dblog.engine.chunk_file import ChunkRef, encode_rows
 from airflow_dblog.engine.spool import Spool
 from airflow_dblog.engine.spool_store import join
+from airflow_dblog.engine.typed_values import stored_columns
 from airflow_dblog.sinks.delta_sink import DeltaSink, key_types
 from airflow_dblog.sinks.hadoop_folders import remove
 from airflow_dblog.sources.base import TableSchema
@@ -93,14 +94,15 @@ def _rehearse(
 
     def chunk(chunk_id: int, picked: list[int], lower: int | None, at: int, last: bool) -> ChunkRef:
         folder = spool.chunks.new_folder(chunk_id)
-        data, selected = encode_rows(chunk_id, [(keys[i], rows[keys[i]]) for i in picked])
+        picks = [(keys[i], rows[keys[i]]) for i in picked]
+        data, selected = encode_rows(chunk_id, picks, typed=stored_columns(schema.columns))
         spool.chunks.write(folder, data)
         window = str(Position((at + 1, 0, 0)))
         return ChunkRef(
             str(table), chunk_id, 1, folder, window, 0, selected.count, (), 0,
             key_span=selected.key_span, low=str(Position((at, 0, 0))),
             covers=[None if lower is None else to_json(keys[lower]), selected.last_key],
-            beyond=window if last else "",
+            beyond=window if last else "", typed=[list(c) for c in selected.typed],
         )  # fmt: skip
 
     # a first chunk alone into the table holding nothing (an append), log events (a MERGE, as

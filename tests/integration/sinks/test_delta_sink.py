@@ -8,6 +8,7 @@ import decimal
 import io
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from airflow_dblog.engine import dump_keys, segment
 from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef, encode_rows
 from airflow_dblog.engine.event_text import EventText
 from airflow_dblog.engine.spool import DumpSpan
+from airflow_dblog.engine.typed_values import stored_columns
 from airflow_dblog.errors import DblogError, FencedError
 from airflow_dblog.sinks.delta_sink import (
     DeltaSink,
@@ -717,3 +719,124 @@ def test_optimize_compacts_and_keeps_every_row(sink: DeltaSink) -> None:
     done = optimize(sink.spark, sink.table_path(TABLE), "a")
     assert done["files_removed"] > done["files_added"] == 1
     assert _state(sink) == state
+
+
+TYPED = TableId("shop", "typed")
+TYPED_SCHEMA = TableSchema(
+    TYPED,
+    (
+        Column("id", "int", False),
+        Column("big", "bigint unsigned", True),
+        Column("amount", "decimal(12,2)", True),
+        Column("ratio", "double", True),
+        Column("flag", "boolean", True),
+        Column("day", "date", True),
+        Column("at", "datetime(6)", True),
+        Column("tz", "timestamp with time zone", True),
+        Column("data", "blob", True),
+        Column("name", "varchar(20)", True),
+        Column("doc", "json", True),
+        Column("uid", "uuid", True),
+        Column("clock", "time", True),
+    ),
+    ("id",),
+)
+TYPED_ROWS = [
+    {
+        "id": 1,
+        "big": 2**64 - 1,
+        "amount": decimal.Decimal("-1234567890.5"),
+        "ratio": 2.5e-300,
+        "flag": True,
+        "day": dt.date(1, 1, 1),
+        "at": dt.datetime(2024, 2, 29, 23, 59, 59, 999999),
+        "tz": dt.datetime(2024, 1, 1, 1, 0, tzinfo=dt.timezone(dt.timedelta(hours=5))),
+        "data": b"\x00\xff",
+        "name": "é ☃",
+        "doc": {"a": [1, 2.5, None]},
+        "uid": uuid.UUID(int=7),
+        "clock": dt.time(12, 30, 0, 5),
+    },
+    {"id": 2, **{c.name: None for c in TYPED_SCHEMA.columns[1:]}},
+    {
+        "id": 3,
+        "big": 0,
+        "amount": 5,
+        "ratio": -0.0,
+        "flag": False,
+        "day": dt.date(9999, 12, 31),
+        "at": dt.datetime(1970, 1, 1),
+        "tz": dt.datetime(2024, 6, 1, tzinfo=dt.UTC),
+        "data": b"",
+        "name": "",
+        "doc": "[]",
+        "uid": uuid.UUID(int=0),
+        "clock": dt.time(0, 0),
+    },
+]
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["append", "merge"])
+def test_a_chunk_read_typed_writes_what_its_json_would(
+    spark: Any, tmp_path: Path, held: bool
+) -> None:
+    """The same rows, one chunk file with the columns typed and one with the JSON alone, into
+    two tables (appended; merged where the log put keys first): the tables hold the same."""
+    files = ChunkFiles(str(tmp_path / "chunks"))
+    name, stored = str(TYPED), stored_columns(TYPED_SCHEMA.columns)
+    tables = []
+    for typed in (stored, ()):
+        sink = DeltaSink(
+            spark,
+            DeltaSinkConfig(str(tmp_path / f"delta-{bool(typed)}")),
+            {TYPED: TYPED_SCHEMA},
+            "dblog-test",
+        )
+        sink.create_tables()
+        if held:  # keys 1 and 9 by the log before the dump
+            logged = [
+                ChangeEvent(TYPED, "c", (k,), Position.mysql(1, k), after={"id": k, "name": "log"})  # type: ignore[arg-type]
+                for k in (1, 9)
+            ]
+            sink.write(1, FrameBatch(_frame(spark, logged), {name}, logged={name}))
+        folder = files.new_folder(7)
+        data, selected = encode_rows(7, [((r["id"],), r) for r in TYPED_ROWS], typed=typed)
+        assert selected.typed == tuple(typed)
+        files.write(folder, data)
+        at = str(Position.mysql(1, 20))
+        ref = ChunkRef(
+            name, 7, 1, folder, at, 0, 3, (), NOW_MS, [1, 3], typed=[list(c) for c in typed]
+        )
+        batch = FrameBatch(
+            _frame(spark, []), {name}, {name: (1, 3)}, chunks=[(2, ref)], files=files
+        )
+        sink.write(2, batch)
+        table = spark.read.format("delta").load(sink.table_path(TYPED))
+        tables.append(sorted(map(tuple, table.drop("_dblog_ts").collect()), key=repr))
+    assert tables[0] == tables[1]
+    assert len(tables[0]) == (4 if held else 3)
+
+
+def test_a_chunk_typed_under_other_column_types_is_read_from_its_json(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A chunk selected before an ALTER changed a column's type holds it typed the old way:
+    Delta reads that chunk's JSON, cast to the type the table stores now."""
+    files = ChunkFiles(str(tmp_path / "chunks"))
+    name = str(TABLE)
+    sink = DeltaSink(spark, DeltaSinkConfig(str(tmp_path / "delta")), {TABLE: SCHEMA}, "t")
+    sink.create_tables()
+    old = TableSchema(TABLE, (*SCHEMA.columns[:2], Column("qty", "varchar(5)", True)), SCHEMA.key)
+    folder = files.new_folder(3)
+    rows = [((a, "x"), {"a": a, "b": "x", "qty": str(a * 10)}) for a in (1, 2)]
+    data, selected = encode_rows(3, rows, typed=stored_columns(old.columns))
+    files.write(folder, data)
+    at = str(Position.mysql(1, 5))
+    ref = ChunkRef(
+        name, 3, 1, folder, at, 0, 2, (), NOW_MS, [1, 2], typed=[list(c) for c in selected.typed]
+    )
+    sink.write(
+        1, FrameBatch(_frame(spark, []), {name}, {name: (1, 2)}, chunks=[(1, ref)], files=files)
+    )
+    table = spark.read.format("delta").load(sink.table_path(TABLE))
+    assert sorted((r["a"], r["qty"]) for r in table.collect()) == [(1, 10), (2, 20)]

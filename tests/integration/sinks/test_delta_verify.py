@@ -13,7 +13,7 @@ from airflow_dblog.config import DeltaSinkConfig
 from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.core.position import Position
 from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkRef, encode_rows
-from airflow_dblog.sinks.delta_sink import DeltaSink
+from airflow_dblog.sinks.delta_sink import DeltaSink, FrameBatch
 from airflow_dblog.sources.base import Column, TableSchema
 from tests.integration.sinks.test_delta_sink import NOW_MS, _event, _frame
 from tests.integration.sinks.test_delta_sink import SCHEMA as TEXT_KEYED
@@ -64,11 +64,16 @@ def _selected(id_: int, **values: Any) -> tuple[tuple[int], dict[str, Any]]:
     return (id_,), {"id": id_, **ROW, "doc": '{"a": "x", "b": [1, 2]}', "ratio": 0.1, **values}
 
 
+def _log_batch(spark: Any, table: TableId, events: list[ChangeEvent]) -> FrameBatch:
+    """A batch of log events of one table."""
+    return FrameBatch(_frame(spark, events), {str(table)}, logged={str(table)})
+
+
 def _sink(spark: Any, tmp_path: Path, events: list[ChangeEvent]) -> DeltaSink:
     schemas = {TABLE: SCHEMA, TEXT_TABLE: TEXT_KEYED}
     sink = DeltaSink(spark, DeltaSinkConfig(str(tmp_path / "delta")), schemas, "t")
     if events:
-        sink._merge("t", 1, TABLE, _frame(spark, events))
+        sink.write(1, _log_batch(spark, TABLE, events))
     return sink
 
 
@@ -142,7 +147,7 @@ def test_keys_of_no_order_spark_and_the_source_share_are_compared_but_not_sought
         str(TEXT_TABLE), 11, 3, folder, at(400), 0, 1, (), 1,
         verify="repair", low=at(100), covers=[None, [9, "z"]],
     )  # fmt: skip
-    sink._merge("t", 1, TEXT_TABLE, _frame(spark, [_event("c", 2, 1, 10)]))
+    sink.write(1, _log_batch(spark, TEXT_TABLE, [_event("c", 2, 1, 10)]))
     assert sink.compare([ref], files)[11] == {"missing": [[1, "x"]], "different": [], "extra": None}
 
 
@@ -162,7 +167,7 @@ def test_the_keys_no_listed_folder_holds_are_the_live_ones_changed_before_the_sw
     sink = _sink(spark, tmp_path, [])
     events = [_event("c", a, 1, 10) for a in (1, 2, 3, 4)]
     events += [_event("d", 3, 1, 11), _event("c", 5, 1, 500)]
-    sink._merge("t", 1, TEXT_TABLE, _frame(spark, events))
+    sink.write(1, _log_batch(spark, TEXT_TABLE, events))
     chunks, keys = ChunkFiles(str(tmp_path / "chunks")), ChunkFiles(str(tmp_path / "keys"))
     row = {"a": 2, "b": "x", "qty": 1, "price": None, "at": None, "blob": None}
     folder = ChunkFiles.new_folder(11)

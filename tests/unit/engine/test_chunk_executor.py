@@ -321,3 +321,24 @@ def test_a_cancelled_dumps_chunk_in_flight_is_dropped_with_its_file(
     assert executor.merge.open_ids() == set()
     assert executor.files.folders() == []
     assert len(_watermarks(fake_db)) == 1  # no high watermark for a dropped chunk
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["kafka-only", "with-delta"])
+def test_a_stream_writing_to_delta_has_its_chunks_hold_the_columns_typed(
+    fake_db: FakeDatabase, items: TableId, meta: MetadataStore, executor: ChunkExecutor,
+    tmp_path: Path, typed: bool,
+) -> None:  # fmt: skip
+    executor.typed = typed
+    reader = FakeChangelogReader(fake_db)
+    _dump(fake_db, meta, tmp_path)
+    chunk = executor.claim(3)
+    assert chunk is not None
+    executor.start(chunk, 3)
+    _poll_until_done(executor)
+    (dumped,) = [o for o in _feed(executor, reader) if isinstance(o, DumpedRows)]
+    expected = (("id", "bigint"), ("v", "string")) if typed else ()
+    assert dumped.rows.typed == expected
+    (batch,) = executor.files.batches(dumped.rows.folder, ["v0"] if typed else ["after"])
+    assert batch.column(0).to_pylist() == (
+        [1, 2, 3] if typed else [f'{{"id":{i},"v":"v{i}"}}' for i in (1, 2, 3)]
+    )

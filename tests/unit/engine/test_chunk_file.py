@@ -388,6 +388,7 @@ def test_a_reference_is_one_spool_record_and_back() -> None:
         "beyond": "",
         "verify": "",
         "absent": [],
+        "typed": [],
     }
     # a record written before chunks counted their deletes (or their range) reads as none
     older = {
