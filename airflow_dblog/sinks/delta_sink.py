@@ -82,11 +82,16 @@ def spark_type(column: Column) -> DataType:
 
 
 def _typed(target: DataType, value: SparkColumn) -> SparkColumn:
-    """A plain JSON value (text) as the column's Spark type: bytes arrive base64-encoded."""
+    """A plain JSON value (text) as the column's Spark type: bytes arrive base64-encoded; a
+    float's NaN or Infinity, not JSON numbers, come out of ``from_json`` quoted."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    return F.unbase64(value) if isinstance(target, T.BinaryType) else value.cast(target)
+    if isinstance(target, T.BinaryType):
+        return F.unbase64(value)
+    if isinstance(target, T.DoubleType):
+        return F.translate(value, '"', "").cast(target)
+    return value.cast(target)
 
 
 def _concurrent_commit_errors() -> tuple[type[Exception], ...]:

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from airflow_dblog.config import DeltaSinkConfig
@@ -746,7 +747,7 @@ TYPED_ROWS = [
         "id": 1,
         "big": 2**64 - 1,
         "amount": decimal.Decimal("-1234567890.5"),
-        "ratio": 2.5e-300,
+        "ratio": float("nan"),
         "flag": True,
         "day": dt.date(1, 1, 1),
         "at": dt.datetime(2024, 2, 29, 23, 59, 59, 999999),
@@ -762,7 +763,7 @@ TYPED_ROWS = [
         "id": 3,
         "big": 0,
         "amount": 5,
-        "ratio": -0.0,
+        "ratio": float("-inf"),
         "flag": False,
         "day": dt.date(9999, 12, 31),
         "at": dt.datetime(1970, 1, 1),
@@ -802,6 +803,8 @@ def test_a_chunk_read_typed_writes_what_its_json_would(
         folder = files.new_folder(7)
         data, selected = encode_rows(7, [((r["id"],), r) for r in TYPED_ROWS], typed=typed)
         assert selected.typed == tuple(typed)
+        if typed:  # the typed columns alone say what the rows hold
+            data = data.set_column(4, "after", pa.array(["{}"] * 3))
         files.write(folder, data)
         at = str(Position.mysql(1, 20))
         ref = ChunkRef(
@@ -812,7 +815,7 @@ def test_a_chunk_read_typed_writes_what_its_json_would(
         )
         sink.write(2, batch)
         table = spark.read.format("delta").load(sink.table_path(TYPED))
-        tables.append(sorted(map(tuple, table.drop("_dblog_ts").collect()), key=repr))
+        tables.append(sorted(repr(tuple(r)) for r in table.drop("_dblog_ts").collect()))  # NaN
     assert tables[0] == tables[1]
     assert len(tables[0]) == (4 if held else 3)
 
