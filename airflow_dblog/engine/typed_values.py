@@ -78,12 +78,19 @@ def stored_columns(columns: Sequence[Column]) -> tuple[tuple[str, str], ...]:
     return tuple((c.name, stored_type(c)) for c in columns)
 
 
+def decimal_digits(stored: str) -> tuple[int, int] | None:
+    """A stored ``decimal(p,s)`` type's precision and scale (None for any other type)."""
+    if not stored.startswith("decimal("):
+        return None
+    precision, scale = stored[len("decimal(") : -1].split(",")
+    return int(precision), int(scale)
+
+
 def arrow_type(stored: str) -> pa.DataType:
     import pyarrow as pa
 
-    if stored.startswith("decimal("):
-        precision, scale = stored[len("decimal(") : -1].split(",")
-        return pa.decimal128(int(precision), int(scale))
+    if digits := decimal_digits(stored):
+        return pa.decimal128(*digits)
     return {
         "bigint": pa.int64(),
         "double": pa.float64(),

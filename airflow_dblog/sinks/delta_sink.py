@@ -37,7 +37,7 @@ from airflow_dblog.engine.chunk_file import SPARK_DDL as CHUNK_DDL
 from airflow_dblog.engine.dump_keys import SPARK_DDL as DUMP_KEYS_DDL
 from airflow_dblog.engine.event_text import encode_json
 from airflow_dblog.engine.spool import DumpSpan
-from airflow_dblog.engine.typed_values import stored_columns, stored_type
+from airflow_dblog.engine.typed_values import decimal_digits, stored_columns, stored_type
 from airflow_dblog.errors import DblogError, FencedError
 from airflow_dblog.sinks.base import Comparison, ExtraKeys
 from airflow_dblog.sinks.hadoop_folders import remove_unless_holding
@@ -67,9 +67,8 @@ def spark_type(column: Column) -> DataType:
     from pyspark.sql import types as T
 
     stored = stored_type(column)
-    if stored.startswith("decimal("):
-        precision, scale = stored[len("decimal(") : -1].split(",")
-        return T.DecimalType(int(precision), int(scale))
+    if digits := decimal_digits(stored):
+        return T.DecimalType(*digits)
     return {
         "bigint": T.LongType(),
         "double": T.DoubleType(),
@@ -320,8 +319,11 @@ def typed_dumped_rows(
     stored = stored_columns(schema.columns)
     typed = ", ".join(f"{typed_name(i)} {kind}" for i, (_, kind) in enumerate(stored))
     rows = _chunk_rows(spark, files, refs, f"chunk_id BIGINT, idx BIGINT, key STRING, {typed}")
-    helpers = {"key": F.col("key"), "chunk_id": F.col("chunk_id")}
-    helpers["_unavailable"] = F.array().cast("array<string>")
+    helpers = {
+        "key": F.col("key"),
+        "chunk_id": F.col("chunk_id"),
+        "_unavailable": F.array().cast("array<string>"),
+    }
     return rows.select(
         *[F.col(typed_name(i)).alias(name) for i, (name, _) in enumerate(stored)],
         F.col("position").alias("_dblog_position"),
@@ -528,9 +530,11 @@ class DeltaSink:
         typed timestamps assume (UTC), else parsed from their JSON."""
         stored = [list(c) for c in stored_columns(schema.columns)]
         utc = self.spark.conf.get("spark.sql.session.timeZone") in ("UTC", "Etc/UTC", "Z")
-        typed = [(seq, r) for seq, r in refs if utc and r.typed == stored]
+        typed: list[tuple[int, ChunkRef]] = []
+        parsed: list[tuple[int, ChunkRef]] = []
+        for seq, ref in refs:
+            (typed if utc and ref.typed == stored else parsed).append((seq, ref))
         parts = [typed_dumped_rows(self.spark, files, typed, schema, *kept)] if typed else []
-        parsed = [(seq, r) for seq, r in refs if not (utc and r.typed == stored)]
         if parsed:
             columns = ["op", "position", "before", "after", "ts_ms", "key", "chunk_id"]
             events = dumped_rows(self.spark, files, parsed, [*columns, "unavailable"])
