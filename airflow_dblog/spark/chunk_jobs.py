@@ -14,9 +14,10 @@ A plain task and not a DataFrame written by Spark: Spark's write (planning, its 
 Arrow into the JVM and the JVM's Parquet writer) cost several times the SELECT itself, and on
 an object store its commit copies every file once more.
 
-A stream's first chunk job is many times slower than the later ones (a Python worker that
-imports the source's driver): :meth:`SparkChunkRunner.warm_up` runs one without rows when the
-stream starts, so the first dump's first rows do not wait for it.
+A chunk job on a new Python worker is many times slower than on one that ran a chunk before
+(the worker imports the source's driver and connects): :meth:`SparkChunkRunner.warm_up` runs a
+job without rows on as many workers as chunks and the stream's own batches use at once when the
+stream starts, so the first dump's chunks do not wait for them.
 """
 
 from __future__ import annotations
@@ -81,35 +82,41 @@ class SparkChunkRunner:
             self.files.publish(task.folder, staged)
         return selected
 
-    def _in_task(self, fn: Callable[..., T], *args: object) -> T:
-        """``fn(*args)`` as one Spark task; its result pickled back."""
+    def _in_task(self, fn: Callable[..., T], *args: object, tasks: int = 1) -> T:
+        """``fn(*args)`` as one Spark task (or ``tasks`` at once); its (first) result pickled
+        back."""
 
         def call(partition: Iterable[int]) -> Iterator[T]:
             for _ in partition:  # read to its end, or the Python worker is not used again
                 pass
             yield fn(*args)
 
-        results: list[T] = self.spark.sparkContext.parallelize([0], 1).mapPartitions(call).collect()
+        rdd = self.spark.sparkContext.parallelize(range(tasks), tasks)
+        results: list[T] = rdd.mapPartitions(call).collect()
         return results[0]
 
     def warm_up(self, source_kind: str, url: str) -> Future[None]:
-        """Run a chunk's job without rows, its worker connected to the source and writing to
+        """Run a chunk's job without rows, its workers connected to the source and writing to
         the store (in the background: a chunk sent meanwhile runs as it would have; a failure
-        is only logged)."""
+        is only logged). As many tasks as Spark runs at once, up to :data:`MAX_WORKERS`: a
+        chunk's task meets the workers the stream's batches hold (the changelog source reads
+        in one), and on a new one it would pay the imports and the connection again."""
         return self._pool.submit(self._warm_up, source_kind, url)
 
     def _warm_up(self, source_kind: str, url: str) -> None:
         folder = f"warm-up-{uuid.uuid4().hex[:12]}"  # a restart's sweep removes one left behind
         started = time.monotonic()
-        self.spark.sparkContext.setJobDescription("dblog chunk runner warm-up")
+        context = self.spark.sparkContext
+        context.setJobDescription("dblog chunk runner warm-up")
+        tasks = max(1, min(context.defaultParallelism, MAX_WORKERS))
         try:
-            self._in_task(_stage_empty, self._task_files, folder, source_kind, url)
+            self._in_task(_stage_empty, self._task_files, folder, source_kind, url, tasks=tasks)
             self.files.delete(folder)
         except Exception as err:  # the first chunk then starts cold, that is all
             first = (str(err).strip().splitlines() or [""])[0]
             log.info("chunk jobs not warmed up (%s: %s)", type(err).__name__, first)
             return
-        log.info("chunk jobs warmed up in %.1f s", time.monotonic() - started)
+        log.info("chunk jobs warmed up in %.1f s (%d workers)", time.monotonic() - started, tasks)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
