@@ -16,8 +16,8 @@ an object store its commit copies every file once more.
 
 A chunk job on a new Python worker is many times slower than on one that ran a chunk before
 (the worker imports the source's driver and connects): :meth:`SparkChunkRunner.warm_up` runs a
-job without rows on as many workers as chunks and the stream's own batches use at once when the
-stream starts, so the first dump's chunks do not wait for them.
+job without rows on as many workers as Spark runs tasks at once when the stream starts, so the
+first dump's chunks do not wait for them.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class SparkChunkRunner:
         started = time.monotonic()
         context = self.spark.sparkContext
         context.setJobDescription("dblog chunk runner warm-up")
-        tasks = max(1, min(context.defaultParallelism, MAX_WORKERS))
+        tasks = min(context.defaultParallelism, MAX_WORKERS)
         try:
             self._in_task(_stage_empty, self._task_files, folder, source_kind, url, tasks=tasks)
             self.files.delete(folder)
