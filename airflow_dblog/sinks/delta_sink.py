@@ -40,6 +40,7 @@ from airflow_dblog.engine.spool import DumpSpan
 from airflow_dblog.engine.typed_values import decimal_digits, stored_columns, stored_type
 from airflow_dblog.errors import DblogError, FencedError
 from airflow_dblog.sinks.base import Comparison, ExtraKeys
+from airflow_dblog.sinks.delta_appends import append_once
 from airflow_dblog.sinks.hadoop_folders import remove_unless_holding
 from airflow_dblog.sources.base import Column, TableSchema
 
@@ -427,20 +428,13 @@ class DeltaSink:
 
         if not self.lease_token:
             return
+        fence = (self.lease_token << SEGMENT_BITS) - 1
         for table in self.schemas:
-            target = self._table(table)
+            empty, path = self._table(table).toDF().limit(0), self.table_path(table)
             for app_id in (self.app_id, self._dump_app_id):
-                fence = (
-                    target.toDF()
-                    .limit(0)
-                    .write.format("delta")
-                    .mode("append")
-                    .option("txnAppId", app_id)
-                    .option("txnVersion", (self.lease_token << SEGMENT_BITS) - 1)
-                )
                 for attempt in range(1, MERGE_ATTEMPTS + 1):
                     try:
-                        fence.save(self.table_path(table))  # skipped if a newer token fenced
+                        append_once(self.spark, path, empty, app_id, fence)  # skipped if newer
                         break
                     except ConcurrentTransactionException:
                         # an older leader woke up and fenced (or committed) first: again
@@ -727,13 +721,7 @@ class DeltaSink:
         from delta.exceptions import ConcurrentTransactionException
 
         try:
-            (
-                rows.write.format("delta")
-                .mode("append")
-                .option("txnAppId", app_id)
-                .option("txnVersion", version)
-                .save(self.table_path(table))
-            )
+            append_once(self.spark, self.table_path(table), rows, app_id, version)
         except ConcurrentTransactionException:
             raise _fenced(table, "append") from None
         self._holding.add(table)

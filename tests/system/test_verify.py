@@ -181,8 +181,10 @@ def test_verify_finds_the_drift_exactly_and_repairs_it_once_across_a_kill_9(
         assert [d.id for d in store.dumps(config.name)][-1] == dry  # no follow-up
         assert _dumped_rows_in_feed(spark, path, drifted) == 0  # nothing written
 
-        # time to kill it halfway: one chunk at a time, seconds apart, once the stream reads it
-        store.set_controls(config.name, delay_ms=4000, parallelism=1)
+        # time to kill it halfway: one chunk at a time, 30 s apart (longer than any Delta batch
+        # that reports a chunk compared, so one batch never reports them all), once the stream
+        # reads the controls
+        store.set_controls(config.name, delay_ms=30_000, parallelism=1)
         time.sleep(CONTROLS_REFRESH_S + 1)
         repair = _verify(config_path, store, config)
         halfway = lambda: _compared_chunks(store, repair) >= 1  # noqa: E731
