@@ -8,7 +8,9 @@ through the driver. Only the summary (row count, last key, what the snapshot saw
 the task's result. The file is staged under a name of the attempt's own and published by the
 driver once the job returns, so an attempt Spark gave up on but that still runs never replaces
 the rows the driver was told of. Up to ``parallelism`` chunks run at once, one driver thread
-waiting on each job.
+waiting on each job. Those threads are daemons: a job sent as the Spark context stops may never
+return (Spark does not fail its wait), and the process must still exit; a chunk cut short is
+selected again after the restart.
 
 A plain task and not a DataFrame written by Spark: Spark's write (planning, its commit protocol,
 Arrow into the JVM and the JVM's Parquet writer) cost several times the SELECT itself, and on
@@ -23,11 +25,12 @@ first dump's chunks do not wait for them.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, TypeVar
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_dblog.engine.chunk_file import ChunkFiles, ChunkSelected, encode_rows
 from airflow_dblog.engine.chunk_runner import MAX_WORKERS
@@ -64,13 +67,44 @@ def _stage_empty(files: ChunkFiles, folder: str, source_kind: str, url: str) -> 
     return files.stage(folder, encode_rows(0, [])[0])
 
 
+class DaemonJobs:
+    """Up to ``limit`` calls at once, each on a daemon thread of its own (a thread pool's
+    threads are joined at the interpreter's exit)."""
+
+    def __init__(self, limit: int) -> None:
+        self._slots = threading.BoundedSemaphore(limit)
+        self._futures: set[Future[Any]] = set()
+
+    def submit(self, fn: Callable[..., T], *args: object) -> Future[T]:
+        future: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                with self._slots:
+                    if future.set_running_or_notify_cancel():  # else cancelled while it queued
+                        try:
+                            future.set_result(fn(*args))
+                        except BaseException as err:  # the caller's, through the future
+                            future.set_exception(err)
+            finally:
+                self._futures.discard(future)
+
+        self._futures.add(future)
+        threading.Thread(target=run, name="dblog-chunk", daemon=True).start()
+        return future
+
+    def cancel_queued(self) -> None:
+        for future in list(self._futures):
+            future.cancel()  # only those not running yet
+
+
 class SparkChunkRunner:
     ready = True
 
     def __init__(self, spark: SparkSession, files: ChunkFiles) -> None:
         self.spark, self.files = spark, files
         self._task_files = files.for_tasks()
-        self._pool = ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="dblog-chunk")
+        self._pool = DaemonJobs(MAX_WORKERS)
 
     def submit(self, task: ChunkTask) -> Future[ChunkSelected]:
         return self._pool.submit(self._run, task)
@@ -119,4 +153,4 @@ class SparkChunkRunner:
         log.info("chunk jobs warmed up in %.1f s (%d workers)", time.monotonic() - started, tasks)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.cancel_queued()
