@@ -36,9 +36,7 @@ def append_once(spark: SparkSession, path: str, rows: DataFrame, app_id: str, ve
     now = jvm.scala.Some(jvm.java.lang.Long.valueOf(int(time.time() * 1000)))
     txn.updateSetTransaction(app_id, version, now)
     none = [jvm.scala.Option.empty() for _ in range(_WRITE_OPTIONS)]
-    txn.commit(
-        files.toSeq(), delta.DeltaOperations.Write(jvm.org.apache.spark.sql.SaveMode.Append, *none)
-    )
+    txn.commit(files, delta.DeltaOperations.Write(jvm.org.apache.spark.sql.SaveMode.Append, *none))
     return True
 
 
@@ -46,10 +44,11 @@ def app_version(txn: Any, app_id: str) -> int:
     """The last version of ``app_id`` the transaction's snapshot holds (-1: none), noted as
     read by the transaction."""
     checksum = txn.snapshot().checksumOpt()
-    if not (checksum.isDefined() and checksum.get().setTransactions().isDefined()):
+    versions = checksum.get().setTransactions() if checksum.isDefined() else None
+    if versions is None or not versions.isDefined():
         return int(txn.txnVersion(app_id))
     txn.readTxn().addOne(app_id)  # what Delta's txnVersion notes: the conflict check reads it
-    found = checksum.get().setTransactions().get().iterator()
+    found = versions.get().iterator()
     latest = -1
     while found.hasNext():
         entry = found.next()
