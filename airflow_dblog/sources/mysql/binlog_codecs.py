@@ -210,9 +210,10 @@ def _prefixed(size: int, finish: Callable[[bytes], Any]) -> Reader:
 
 def _text(col: Any, ci: ColumnInfo | None) -> Callable[[bytes], Any]:
     """Strings in their column's charset; binary columns as the bytes a SELECT returns (BINARY(n)
-    padded with the zero bytes the binlog strips; MariaDB's UUID as its text form)."""
+    padded with the zero bytes the binlog strips; MariaDB's UUID, stripped the same way, as its
+    text form)."""
     if ci is not None and ci.data_type == "uuid":
-        return lambda raw: str(uuid.UUID(bytes=raw)) if len(raw) == 16 else raw
+        return lambda raw: str(uuid.UUID(bytes=raw.ljust(16, b"\x00"))) if len(raw) <= 16 else raw
     if ci is not None and ci.is_binary:
         length = ci.char_length if ci.data_type == "binary" else None
         if length:

@@ -537,7 +537,8 @@ _EVERY_TYPE = {  # column definition: a value, an edge value (NULL is the third 
     "st": ("set('a','b','c')", "a,c", ""),
     "b1": ("bit(1)", b"\x01", b"\x00"),
     "b10": ("bit(10)", b"\x02\x01", b"\x00\x00"),
-    "u": ("uuid", str(uuid.UUID("0123abcd-4567-89ab-cdef-0123456789ab")), str(uuid.uuid4())),
+    "u": ("uuid", "0123abcd-4567-89ab-cdef-0123456789ab", "d4a20e44-c917-40a9-b1a2-b3d87b790000"),
+    "u1": ("uuid", "6ba7b810-9dad-11d1-80b4-00c04fd43000", "00000000-0000-0000-0000-000000000000"),
     "lat": ("varchar(10) CHARACTER SET latin1", "Ærø€", ""),
 }
 

@@ -15,7 +15,7 @@ from airflow_dblog.core.events import TableId
 from airflow_dblog.errors import SourceError
 from airflow_dblog.sources.base import TableSchema
 from airflow_dblog.sources.mysql.binlog_codecs import row_decoder
-from airflow_dblog.sources.mysql.schema import TableInfo
+from airflow_dblog.sources.mysql.schema import ColumnInfo, TableInfo
 
 NO_INFO = TableSchema(TableId("db", "t"), (), ("id",))
 
@@ -63,6 +63,19 @@ def test_columns_missing_from_a_minimal_image_read_as_none_and_the_rest_still_de
     assert decode(columns, data, present=b"\x05") == [
         {"id": 7, "a": None, "b": 9},
         {"id": 8, "a": None, "b": None},
+    ]
+
+
+def test_a_mariadb_uuid_whose_last_bytes_are_zero_reads_as_its_full_text() -> None:
+    info = ColumnInfo("u", "uuid", "uuid", True, False, None, 16, None)
+    schema = TableSchema(TableId("db", "t"), (), ("u",))
+    u = column("u", FIELD_TYPE.STRING, max_length=16)
+    stripped = bytes.fromhex("d4a20e44c91740a9b1a2b3d87b79")  # the binlog drops the trailing 00 00
+    data = b"\x00" + bytes([len(stripped)]) + stripped + b"\x00\x00"
+    images = row_decoder([u], TableInfo(schema, (info,))).images(data, 0, len(data), (b"\x01",))
+    assert images == [
+        {"u": "d4a20e44-c917-40a9-b1a2-b3d87b790000"},
+        {"u": "00000000-0000-0000-0000-000000000000"},
     ]
 
 
