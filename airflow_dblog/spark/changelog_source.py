@@ -39,10 +39,13 @@ QUIET_S = 1.0
 # a batch starts waits for that batch to end and then for a batch of its own, so waiting up to
 # one batch's time for it costs its rows nothing and saves a batch's fixed cost
 CHUNK_WAIT_S = 1.0
-# ... and longer, up to this many times as long, while the dump's last chunks are due within a
-# batch's time (at the pace its chunks closed at in the pending segments): left behind, they
-# would wait for this batch and then make one of their own
+# ... and longer while the dump's last chunks are due (at the pace its chunks closed at in the
+# pending segments) before the longest wait runs out: this many times a batch's time, and at
+# least DUMP_END_S. A batch before them costs the dump's end time rather than saving it: they
+# would wait for it and then make a batch of their own, and on a small machine it takes cores
+# from their SELECTs; a dump due within DUMP_END_S commits once, at its end
 DUMP_END_WAITS = 3
+DUMP_END_S = 10.0
 # Segments of heartbeats alone (an idle log) wait at least this long for a batch: they only move
 # the committed offset
 IDLE_BATCH_S = 5.0
@@ -159,7 +162,8 @@ class ChangelogStreamReader(DataSourceStreamReader):
         """Whether the batch from ``first`` (``written``: its segments' times) waits for a
         chunk the newest segment says is being selected: from the first time it was due, as
         long as the last batch took (at least :data:`CHUNK_WAIT_S`), or longer while the
-        dump's end is nearer than that (:data:`DUMP_END_WAITS`)."""
+        dump's end is due before the longest wait (:data:`DUMP_END_WAITS`,
+        :data:`DUMP_END_S`) runs out."""
         newest = self._counts(spool, max(written))
         if not newest.selecting:
             return False
@@ -168,7 +172,8 @@ class ChangelogStreamReader(DataSourceStreamReader):
         waited, budget = now - self._waiting[1], max(CHUNK_WAIT_S, self._last_batch_s)
         if waited < budget:
             return True
-        if waited >= DUMP_END_WAITS * budget:
+        longest = max(DUMP_END_WAITS * budget, DUMP_END_S)
+        if waited >= longest:
             return False
         closes = [(t, self._counts(spool, seq).closed) for seq, t in sorted(written.items())]
         closes = [(t, n) for t, n in closes if n]
@@ -179,7 +184,7 @@ class ChangelogStreamReader(DataSourceStreamReader):
         if not after_first:
             return False  # no pace to judge by
         pace = (recent[-1][0] - recent[0][0]) / after_first
-        return (newest.selecting + newest.unselected) * pace <= budget
+        return (newest.selecting + newest.unselected) * pace < longest - waited
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         first, stop = int(start["segment"]), int(end["segment"])

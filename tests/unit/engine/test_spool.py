@@ -406,20 +406,24 @@ def test_a_due_batch_waits_for_a_chunk_being_selected_as_long_as_the_last_batch_
     assert reader.latestOffset({"segment": 2}) == {"segment": 3}
 
 
-@pytest.mark.parametrize(("unselected", "waits_s"), [(1, 9.0), (5, 3.0)])
-def test_a_due_batch_waits_longer_for_a_dump_whose_last_chunks_are_due_within_a_batchs_time(
+@pytest.mark.parametrize(("unselected", "waits_s"), [(1, 8.0), (12, 3.0)])
+def test_a_due_batch_waits_longer_for_a_dump_whose_end_is_due_before_its_longest_wait_runs_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unselected: int, waits_s: float
 ) -> None:
     """Left behind, the last chunks would wait for this batch and then make one of their own."""
-    _, clock, spool, reader = _reader_after_a_chunk(tmp_path, monkeypatch, selecting=0)
+    changelog_source, clock, spool, reader = _reader_after_a_chunk(
+        tmp_path, monkeypatch, selecting=0
+    )
+    assert changelog_source.DUMP_END_S == 10.0
     assert reader.latestOffset({"segment": 0}) == {"segment": 1}
-    clock[0] += 3.0  # that batch took 3 s: the wait is 3 s, and at most 3 times as long
+    clock[0] += 3.0  # that batch took 3 s: the wait is 3 s, and at most 10 s (DUMP_END_S)
     for n, written_ago in enumerate([2.5, 1.5, 0.5], start=2):  # a chunk closed every second
         seq = spool.append([], {"closed": [{"chunk_id": n}], "selecting": 1, "unselected": 0})
         os.utime(tmp_path / Spool.name(seq), (clock[0] - written_ago,) * 2)
     seq = spool.append([], {"closed": [], "selecting": 1, "unselected": unselected})
     os.utime(tmp_path / Spool.name(seq), (clock[0],) * 2)
-    # 1 + 1 chunks left close in ~2 s, within a batch's time: worth waiting for; 1 + 5 are not
+    # 1 + 1 chunks left close in 2 s: it waits while they would close before 10 s have
+    # passed; 1 + 12 would not even after the 3 s
     assert reader.latestOffset({"segment": 1}) == {"segment": 1}
     clock[0] += waits_s - 0.125
     assert reader.latestOffset({"segment": 1}) == {"segment": 1}
@@ -432,17 +436,17 @@ def test_a_dumps_slow_first_chunks_do_not_set_the_pace_of_its_last_ones(
 ) -> None:
     _, clock, spool, reader = _reader_after_a_chunk(tmp_path, monkeypatch, selecting=0)
     assert reader.latestOffset({"segment": 0}) == {"segment": 1}
-    clock[0] += 3.0  # that batch took 3 s: the wait is 3 s, and at most 3 times as long
+    clock[0] += 3.0  # that batch took 3 s: the wait is 3 s, and at most 10 s
     # chunks closed 4 s apart at first, then every half second
     for n, written_ago in enumerate([6.0, 2.0, 1.5, 1.0, 0.5], start=2):
         seq = spool.append([], {"closed": [{"chunk_id": n}], "selecting": 1, "unselected": 0})
         os.utime(tmp_path / Spool.name(seq), (clock[0] - written_ago,) * 2)
-    seq = spool.append([], {"closed": [], "selecting": 1, "unselected": 4})
+    seq = spool.append([], {"closed": [], "selecting": 1, "unselected": 9})
     os.utime(tmp_path / Spool.name(seq), (clock[0],) * 2)
-    # 1 + 4 chunks at half a second each are due in 2.5 s, within a batch's 3 s (at the whole
-    # run's pace, 1.375 s each, they would not be): it waits 9 s
+    # 1 + 9 chunks at half a second each are due in 5 s: it waits 5 s (at the whole run's
+    # pace, 1.375 s each, they would be due after the 10 s: it would go after 3 s)
     assert reader.latestOffset({"segment": 1}) == {"segment": 1}
-    clock[0] += 9.0 - 0.125
+    clock[0] += 5.0 - 0.125
     assert reader.latestOffset({"segment": 1}) == {"segment": 1}
     clock[0] += 0.125
     assert reader.latestOffset({"segment": 1}) == {"segment": 7}
