@@ -127,6 +127,14 @@ def span(bounds: list[Any] | None, value: Any) -> list[Any] | None:
     return [min(bounds[0], value), max(bounds[1], value)]
 
 
+def _bounds(values: list[Any]) -> list[Any] | None:
+    """``span`` of all ``values`` at once."""
+    kinds = set(map(type, values))
+    if len(kinds) != 1 or not kinds <= {int, str}:
+        return None
+    return [min(values), max(values)]
+
+
 def typed_name(index: int) -> str:
     """The chunk file's column of the ``index``-th typed column."""
     return f"v{index}"
@@ -148,17 +156,22 @@ def encode_rows(
     mkeys: list[str] = []
     afters: list[str] = []
     images: list[Row] = []
-    first: list[Any] | None = []
+    heads: list[Any] = []
     last: Sequence[Any] | None = None
     for key, row in rows:
-        text = key_text(key)
+        head = key[0]
+        if len(key) == 1 and type(head) is int:  # the usual key: its match text is its text
+            text = mtext = f"[{head}]"
+        else:
+            text = key_text(key)
+            mtext = text if all(type(v) is int for v in key) else match_key(key)
         keys.append(text)
-        # an integer key's match text is its JSON text (the usual key, spared a second encode)
-        mkeys.append(text if all(type(v) is int for v in key) else match_key(key))
+        mkeys.append(mtext)
         afters.append(row_text(row))
         images.append(row)
-        first = span(first, key[0])
+        heads.append(head)
         last = key
+    first = _bounds(heads)
     n = len(keys)
     table = pa.Table.from_arrays(
         [
