@@ -46,6 +46,10 @@ CHUNK_WAIT_S = 1.0
 # from their SELECTs; a dump due within DUMP_END_S commits once, at its end
 DUMP_END_WAITS = 3
 DUMP_END_S = 10.0
+# A batch waiting for a chunk looks again every FOLLOW_EVERY_S for this long within one call,
+# under the trigger's second: it starts when the chunk lands, not at the next trigger
+FOLLOW_S = 0.8
+FOLLOW_EVERY_S = 0.1
 # Segments of heartbeats alone (an idle log) wait at least this long for a batch: they only move
 # the committed offset
 IDLE_BATCH_S = 5.0
@@ -106,10 +110,21 @@ class ChangelogStreamReader(DataSourceStreamReader):
         return {"segment": seqs[0] if seqs else 0}
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict:
-        spool = self._spool()
         if start is None:
-            seqs = spool.segments()
+            seqs = self._spool().segments()
             return {"segment": seqs[-1] + 1 if seqs else 0}
+        offset, waiting = self._latest(start)
+        for _ in range(round(FOLLOW_S / FOLLOW_EVERY_S)):
+            if not waiting:
+                break
+            time.sleep(FOLLOW_EVERY_S)
+            offset, waiting = self._latest(start)
+        return offset
+
+    def _latest(self, start: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """The end of the next batch from ``start`` (``start`` itself: none yet), and whether
+        it waits for a chunk being selected."""
+        spool = self._spool()
         now = time.time()
         if self._handed_at is not None:
             self._last_batch_s, self._handed_at = now - self._handed_at, None
@@ -123,9 +138,9 @@ class ChangelogStreamReader(DataSourceStreamReader):
                 break
             taken.append(seq)
         if not taken:
-            return {"segment": first}
+            return {"segment": first}, False
         if len(taken) < len(entries):  # a backlog's full bite: due, whatever its events
-            return self._hand(taken[-1] + 1, now)
+            return self._hand(taken[-1] + 1, now), False
         self._footer_counts = {seq: o for seq, o in self._footer_counts.items() if seq >= first}
         age, quiet = now - entries[taken[0]].mtime, now - entries[taken[-1]].mtime
         events, closes = 0, False
@@ -136,10 +151,10 @@ class ChangelogStreamReader(DataSourceStreamReader):
             events += counts.events
             closes = closes or bool(counts.closed)
         if not batch_due(age, quiet, events, closes, self.wait_s):
-            return {"segment": first}
+            return {"segment": first}, False
         if self._waits_for_chunk(spool, first, {seq: entries[seq].mtime for seq in taken}, now):
-            return {"segment": first}
-        return self._hand(taken[-1] + 1, now)
+            return {"segment": first}, True
+        return self._hand(taken[-1] + 1, now), False
 
     def _hand(self, end: int, now: float) -> dict[str, Any]:
         self._handed_at = now

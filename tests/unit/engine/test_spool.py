@@ -452,15 +452,42 @@ def test_a_dumps_slow_first_chunks_do_not_set_the_pace_of_its_last_ones(
     assert reader.latestOffset({"segment": 1}) == {"segment": 7}
 
 
+def test_a_batch_waiting_for_a_chunk_starts_when_it_lands_not_at_the_next_trigger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    changelog_source, clock, spool, reader = _reader_after_a_chunk(
+        tmp_path, monkeypatch, selecting=1
+    )
+    monkeypatch.setattr(changelog_source, "FOLLOW_S", 0.8)
+    asked = clock[0]
+    assert reader.latestOffset({"segment": 0}) == {"segment": 0}  # nothing landed: one call
+    assert clock[0] - asked == pytest.approx(0.8)  # looked for 0.8 s, under the trigger's 1 s
+    looks = [0]
+    sleep = changelog_source.time.sleep
+
+    def chunk_lands_at_the_third_look(seconds: float) -> None:
+        sleep(seconds)
+        looks[0] += 1
+        if looks[0] == 3:
+            spool.append([], {"closed": [{"chunk_id": 2}], "selecting": 0})
+
+    monkeypatch.setattr(changelog_source.time, "sleep", chunk_lands_at_the_third_look)
+    asked = clock[0]
+    assert reader.latestOffset({"segment": 0}) == {"segment": 2}
+    assert clock[0] - asked == pytest.approx(0.3)
+
+
 def _reader_after_a_chunk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, selecting: int
 ) -> tuple[Any, list[float], Spool, Any]:
     """The changelog source module, its clock, and its reader on a spool whose first segment
-    closes chunk 1 with ``selecting`` chunks being selected."""
+    closes chunk 1 with ``selecting`` chunks being selected; a waiting batch looks once per call
+    (as if each look found nothing new, see the test above)."""
     pytest.importorskip("pyspark")
     from airflow_dblog.spark import changelog_source
 
     clock = _fake_clock(monkeypatch, changelog_source)
+    monkeypatch.setattr(changelog_source, "FOLLOW_S", 0.0)
     spool = Spool(tmp_path)
     spool.append([], {"closed": [{"chunk_id": 1}], "selecting": selecting})
     return changelog_source, clock, spool, changelog_source.ChangelogStreamReader(str(tmp_path))
@@ -470,7 +497,11 @@ def _fake_clock(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[float]:
     """The reader's clock, moved by the test alone: whole seconds ahead of the segments' times
     (they are old enough for any age rule), steps the tests take in exact binary fractions."""
     clock = [float(int(time.time()) + 10)]
-    monkeypatch.setattr(module, "time", SimpleNamespace(time=lambda: clock[0]))
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    monkeypatch.setattr(module, "time", SimpleNamespace(time=lambda: clock[0], sleep=sleep))
     return clock
 
 
