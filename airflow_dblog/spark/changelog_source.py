@@ -110,21 +110,21 @@ class ChangelogStreamReader(DataSourceStreamReader):
         return {"segment": seqs[0] if seqs else 0}
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict:
+        spool = self._spool()
         if start is None:
-            seqs = self._spool().segments()
+            seqs = spool.segments()
             return {"segment": seqs[-1] + 1 if seqs else 0}
-        offset, waiting = self._latest(start)
+        offset, waiting = self._latest(spool, start)
         for _ in range(round(FOLLOW_S / FOLLOW_EVERY_S)):
             if not waiting:
                 break
             time.sleep(FOLLOW_EVERY_S)
-            offset, waiting = self._latest(start)
+            offset, waiting = self._latest(spool, start)
         return offset
 
-    def _latest(self, start: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    def _latest(self, spool: Spool, start: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """The end of the next batch from ``start`` (``start`` itself: none yet), and whether
         it waits for a chunk being selected."""
-        spool = self._spool()
         now = time.time()
         if self._handed_at is not None:
             self._last_batch_s, self._handed_at = now - self._handed_at, None
