@@ -37,7 +37,9 @@ QUIET_S = 1.0
 # A due batch waits while a dump's chunk is selected or its window is open (the newest segment
 # says so), as long as the last batch took and at least this long: a chunk that closes just after
 # a batch starts waits for that batch to end and then for a batch of its own, so waiting up to
-# one batch's time for it costs its rows nothing and saves a batch's fixed cost
+# one batch's time for it costs its rows nothing and saves a batch's fixed cost. A batch already
+# holding FULL_BATCH_EVENTS log events waits only this long: under a heavy log each such wait
+# makes the next batch bigger and slower, and the wait after it longer, until the log outruns Delta
 CHUNK_WAIT_S = 1.0
 # ... and longer while the dump's last chunks are due (at the pace its chunks closed at in the
 # pending segments) before the longest wait runs out: this many times a batch's time, and at
@@ -59,6 +61,7 @@ class _Counts(NamedTuple):
     """What a batch's timing needs of a segment's footer."""
 
     events: int
+    dumped: int  # of the events, rows of dump chunks
     closed: int  # chunks it closes
     selecting: int  # chunks being selected when it was written
     unselected: int  # chunks of running dumps not selected yet then (an estimate)
@@ -165,6 +168,7 @@ class ChangelogStreamReader(DataSourceStreamReader):
             footer = spool.footer(seq)
             self._footer_counts[seq] = _Counts(
                 footer["events"],
+                footer.get("dumped", 0),
                 len(footer["closed"]),
                 footer.get("selecting", 0),
                 footer.get("unselected", 0),
@@ -176,17 +180,22 @@ class ChangelogStreamReader(DataSourceStreamReader):
     ) -> bool:
         """Whether the batch from ``first`` (``written``: its segments' times) waits for a
         chunk the newest segment says is being selected: from the first time it was due, as
-        long as the last batch took (at least :data:`CHUNK_WAIT_S`), or longer while the
-        dump's end is due before the longest wait (:data:`DUMP_END_WAITS`,
-        :data:`DUMP_END_S`) runs out."""
+        long as the last batch took (at least :data:`CHUNK_WAIT_S`; only that while it holds
+        :data:`FULL_BATCH_EVENTS` log events), or longer while the dump's end is due before
+        the longest wait (:data:`DUMP_END_WAITS`, :data:`DUMP_END_S`) runs out."""
         newest = self._counts(spool, max(written))
         if not newest.selecting:
             return False
         if self._waiting is None or self._waiting[0] != first:
             self._waiting = (first, now)
-        waited, budget = now - self._waiting[1], max(CHUNK_WAIT_S, self._last_batch_s)
+        waited, budget = now - self._waiting[1], CHUNK_WAIT_S
         if waited < budget:
             return True
+        counts = [self._counts(spool, seq) for seq in written]
+        if sum(c.events - c.dumped for c in counts) < FULL_BATCH_EVENTS:
+            budget = max(budget, self._last_batch_s)
+            if waited < budget:
+                return True
         longest = max(DUMP_END_WAITS * budget, DUMP_END_S)
         if waited >= longest:
             return False

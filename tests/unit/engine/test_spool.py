@@ -406,6 +406,25 @@ def test_a_due_batch_waits_for_a_chunk_being_selected_as_long_as_the_last_batch_
     assert reader.latestOffset({"segment": 2}) == {"segment": 3}
 
 
+def test_a_due_batch_holding_a_heavy_log_waits_for_a_chunk_only_a_moment_however_long_the_last_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Waiting as long as the last batch took would make the next one as much bigger: under a
+    heavy log each batch would wait longer than the one before, until the log outran Delta."""
+    changelog_source, clock, spool, reader = _reader_after_a_chunk(
+        tmp_path, monkeypatch, selecting=0
+    )
+    monkeypatch.setattr(changelog_source, "FULL_BATCH_EVENTS", 3)
+    assert reader.latestOffset({"segment": 0}) == {"segment": 1}
+    clock[0] += 6.0  # that batch took 6 s
+    spool.append([_event(1), _event(2)], {"closed": [{"chunk_id": 2}], "selecting": 1})
+    assert reader.latestOffset({"segment": 1}) == {"segment": 1}  # 2 log events: it waits
+    clock[0] += changelog_source.CHUNK_WAIT_S
+    assert reader.latestOffset({"segment": 1}) == {"segment": 1}  # up to 6 s
+    spool.append([_event(3)], {"closed": [], "selecting": 1})
+    assert reader.latestOffset({"segment": 1}) == {"segment": 3}  # 3: no longer
+
+
 @pytest.mark.parametrize(("unselected", "waits_s"), [(1, 8.0), (12, 3.0)])
 def test_a_due_batch_waits_longer_for_a_dump_whose_end_is_due_before_its_longest_wait_runs_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unselected: int, waits_s: float
