@@ -37,6 +37,9 @@ class SinkBarrier:
         self._held = dict.fromkeys(sinks, -1)  # the last segment each sink holds
         self._replay_from = dict.fromkeys(sinks, 0)  # each sink's current batch starts here
         self._footers: dict[int, Footer] = {}  # segments some sink holds but not every one
+        # segments below this are trimmed: a trim lists the spool, which holds a slow sink's
+        # whole backlog, so the fast sink's every batch does not list it again for nothing
+        self._trimmed_below = 0
         self._lock = threading.Lock()
 
     def held(self, sink: str, footers: Sequence[Footer]) -> list[Footer]:
@@ -55,5 +58,9 @@ class SinkBarrier:
             if ready:
                 self._commit(ready)
             trim_below = min(self._replay_from.values())
+            if trim_below <= self._trimmed_below:
+                return ready
         self._trim(trim_below)
+        with self._lock:
+            self._trimmed_below = max(self._trimmed_below, trim_below)
         return ready
