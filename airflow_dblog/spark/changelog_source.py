@@ -199,8 +199,8 @@ class ChangelogStreamReader(DataSourceStreamReader):
         longest = max(DUMP_END_WAITS * budget, DUMP_END_S)
         if waited >= longest:
             return False
-        closes = [(t, self._counts(spool, seq).closed) for seq, t in sorted(written.items())]
-        closes = [(t, n) for t, n in closes if n]
+        by_seq = sorted(zip(written, counts, strict=True))
+        closes = [(written[seq], c.closed) for seq, c in by_seq if c.closed]
         # the pace of the later half: a dump's first chunks are slower (the short first one,
         # then the first full chunk's cut) and do not say when its last ones close
         recent = closes[len(closes) // 2 :] if len(closes) > 2 else closes
