@@ -48,11 +48,11 @@ Schemas
     reader is behind an ALTER it has not seen) is refused with a SourceError rather than decoded
     under wrong names.
 
-pymysqlreplication parses the protocol and the table maps; ``binlog_codecs`` decodes the row
-images, into the Python types a SELECT through PyMySQL returns (bytes for binary columns and BIT,
-Decimal, date, datetime, text for SET/JSON/UUID, ...), so the merge can compare logged keys with
-dumped keys. TRUNCATE TABLE is a statement in the binlog and produces no events (a warning is
-logged).
+pymysqlreplication speaks the protocol and parses the table maps; ``binlog_stream`` reads the
+frequent events from their packets and ``binlog_codecs`` decodes the row images, into the Python
+types a SELECT through PyMySQL returns (bytes for binary columns and BIT, Decimal, date, datetime,
+text for SET/JSON/UUID, ...), so the merge can compare logged keys with dumped keys. TRUNCATE
+TABLE is a statement in the binlog and produces no events (a warning is logged).
 
 Replica identity: ``server_id`` must be unique among the server's replicas (a second connection
 with the same id disconnects the first); :func:`server_id_for` derives a stable one from the
@@ -75,8 +75,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pymysql
-from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.constants import BINLOG
 from pymysqlreplication.event import (
     GtidEvent,
     HeartbeatLogEvent,
@@ -98,7 +96,8 @@ from airflow_dblog.core.gtid import GtidSet, MysqlGtidSet
 from airflow_dblog.core.position import Position, binlog_file_index
 from airflow_dblog.errors import InputError, SourceError
 from airflow_dblog.sources.base import Offset, StreamReader, Wake
-from airflow_dblog.sources.mysql.binlog_codecs import RowDecoder, row_decoder, shape_matches
+from airflow_dblog.sources.mysql.binlog_codecs import row_decoder, shape_matches
+from airflow_dblog.sources.mysql.binlog_stream import Begin, BinlogStream, Commit, RowsData
 from airflow_dblog.sources.mysql.connection import (
     ConnectionSettings,
     connect_error,
@@ -114,7 +113,6 @@ _PURGED_CODES = {1236}
 LINGER_S = 0.002  # a read that has events waits this long for more before returning them
 _TRX_NEUTRAL = ("SAVEPOINT", "ROLLBACK TO", "RELEASE SAVEPOINT", "XA START", "XA END")
 _TRX_END = ("COMMIT", "ROLLBACK", "XA COMMIT", "XA ROLLBACK")
-_MARIADB_FL_STANDALONE = 1
 
 
 def server_id_for(name: str) -> int:
@@ -134,22 +132,6 @@ def open_binlog_reader(url: str, settings: ReaderSettings, offset: Offset | None
         watermark_table=WATERMARK_TABLE_ID if settings.watermark == "table" else None,
         watermark_stream=settings.stream,
     )
-
-
-class _NoReconnectBinlogStream(BinLogStreamReader):
-    """A binlog stream that never reconnects by itself.
-
-    pymysqlreplication reconnects at its last event, or connected by GTID at the first GTID
-    again (events read since would come twice). Here a reconnect is a lost connection: the
-    reader reopens at its own resume point, checking the server first."""
-
-    _connected = False
-
-    def _BinLogStreamReader__connect_to_stream(self) -> None:  # the library's private hook
-        if self._connected:
-            raise pymysql.err.OperationalError(2013, "Lost connection to server during query")
-        self._connected = True
-        super()._BinLogStreamReader__connect_to_stream()  # type: ignore[misc]
 
 
 @dataclass(frozen=True)
@@ -216,25 +198,8 @@ class _TableCodec:
 
     table: TableId
     key: tuple[str, ...]
-    images: Callable[[Any], list[Row]]
+    images: Callable[[RowsData], list[Row]]
     watermark: bool
-
-
-def _images_of(decoder: RowDecoder) -> Callable[[Any], list[Row]]:
-    """Decode a pymysqlreplication rows event's images with ``decoder``, from the bytes the
-    library's header parsing left unread (its own row decoding never runs)."""
-
-    def images(event: Any) -> list[Row]:
-        wrapper = event.packet  # the library's reader over the pymysql packet
-        packet = wrapper.packet
-        start = packet._position
-        end = start + event.event_size - wrapper.read_bytes
-        present = (event.columns_present_bitmap,)
-        if isinstance(event, UpdateRowsEvent):
-            present += (event.columns_present_bitmap2,)
-        return decoder.images(packet._data, start, end, present)
-
-    return images
 
 
 class BinlogReader(StreamReader):
@@ -301,7 +266,7 @@ class BinlogReader(StreamReader):
         # (item, where a resumed reader starts, items of that transaction up to this one)
         self._pending: deque[tuple[LogItem, _Mark, int]] = deque()
         self._codecs: dict[int, _TableCodec | None] = {}
-        self._stream: _NoReconnectBinlogStream | None = None
+        self._stream: BinlogStream | None = None
         self._stream_start = (start_file, start_pos)
         self._opened = False  # a reopened connection checks that the server is still the same
         self._server_idle = False
@@ -407,7 +372,7 @@ class BinlogReader(StreamReader):
             "run a new full dump (dblog dump --all) after resetting the stream offset",
         )
 
-    def _open(self) -> _NoReconnectBinlogStream:
+    def _open(self) -> BinlogStream:
         file, pos = self._stream_start
         if self._opened and (now := self.source.identity()) != self.identity:
             # a failover behind the same address: these offsets mean other bytes there
@@ -424,7 +389,7 @@ class BinlogReader(StreamReader):
         schemas, names = {t.db for t in watched}, {t.table for t in watched}
         self._codecs.clear()
         by_gtid = file is None  # GTID auto-positioning; else file/position on both flavours
-        return _NoReconnectBinlogStream(
+        return BinlogStream(
             connection_settings=settings,
             server_id=self.server_id,
             resume_stream=True,
@@ -615,36 +580,34 @@ class BinlogReader(StreamReader):
             if not self._in_trx and not by_gtid:  # by GTID: the position of a skipped event
                 self._last_end = (event.next_binlog, int(event.position))
             return
-        end = int(event.packet.log_pos)
-        if isinstance(event, (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent)):
-            self._rows(event, end)
-        elif isinstance(event, TableMapEvent):
-            self._table_map(event)
-        elif isinstance(event, (GtidEvent, MariadbGtidEvent)):
-            self._begin(event, end)
-            self._gtid = event.gtid
-            # MariaDB: a GTID event without FL_STANDALONE stands for BEGIN (no query event)
-            self._implied_begin = isinstance(event, MariadbGtidEvent) and not (
-                event.flags & _MARIADB_FL_STANDALONE
-            )
-        elif isinstance(event, NotImplementedEvent):
-            if event.event_type == BINLOG.ANONYMOUS_GTID_LOG_EVENT:
-                self._begin(event, end)
-                self._gtid = None
-        elif isinstance(event, XidEvent):
+        kind = type(event)
+        if kind is RowsData:
+            end = event.end
+            self._rows(event)
+        elif kind is Commit:
+            end = event.end
             self._commit(end)
-        elif isinstance(event, QueryEvent):
-            self._query(event, end)
+        elif kind is Begin:
+            end = event.end
+            self._begin(event.start)
+            self._gtid = event.gtid
+            self._implied_begin = event.implied_begin
+        else:
+            end = int(event.packet.log_pos)
+            if isinstance(event, TableMapEvent):
+                self._table_map(event)
+            elif isinstance(event, QueryEvent):
+                self._query(event, end)
         heartbeat = isinstance(event, HeartbeatLogEvent)
         if not self._in_trx and end > 0 and not by_gtid and not heartbeat:
             self._last_end = (self._file, end)
 
-    def _begin(self, event: Any, end: int) -> None:
+    def _begin(self, start: int) -> None:
         self._in_trx = True
         self._trx_items = 0
         self._saw_begin = False
         self._implied_begin = False
-        self._trx_start = (self._file, end - int(event.packet.event_size))
+        self._trx_start = (self._file, start)
 
     def _commit(self, end: int) -> None:
         gtid, self._gtid = self._gtid, None
@@ -665,7 +628,7 @@ class BinlogReader(StreamReader):
         if text == "BEGIN" or text.startswith("XA START"):
             self._saw_begin = True
             if not self._in_trx:  # MySQL without GTID events: BEGIN opens the transaction
-                self._begin(event, end)
+                self._begin(end - int(event.packet.event_size))
                 self._saw_begin = True
             return
         if text.startswith(_TRX_NEUTRAL):
@@ -747,28 +710,26 @@ class BinlogReader(StreamReader):
         if not named:
             for col, ci in zip(columns, info.columns, strict=True):
                 col.name = ci.name
-        images = _images_of(row_decoder(columns, info))
+        decoder = row_decoder(columns, info)
+
+        def images(rows: RowsData) -> list[Row]:
+            return decoder.images(rows.data, rows.start, rows.stop, rows.present)
+
         self._codecs[event.table_id] = _TableCodec(table, info.schema.key, images, watermark)
 
     # -- rows -------------------------------------------------------------------------------
 
-    def _rows(self, event: Any, end: int) -> None:
+    def _rows(self, event: RowsData) -> None:
         codec = self._codecs.get(event.table_id)
         if codec is None:
             return
         file, pos = self._trx_start if self._in_trx else self._last_end
         mark = _Mark(file, pos, self._gtid_pos, self._gtid)
-        fi = self._file_index
+        fi, end, kind = self._file_index, event.end, event.op
         skip = self._skip
         if skip is not None and (fi, end) > skip.coords[:2]:
             skip = self._skip = None  # resumed past the saved item: stop comparing
         pending = self._pending
-        if isinstance(event, UpdateRowsEvent):
-            kind = "u"
-        elif isinstance(event, WriteRowsEvent):
-            kind = "c"
-        else:
-            kind = "d"
         # items of this transaction so far, read or not: a resume by GTID (which starts at the
         # transaction) skips the ones already returned
         n, returned = self._trx_items, self._skip_items
@@ -791,7 +752,7 @@ class BinlogReader(StreamReader):
         key_cols = codec.key
         table = codec.table
         gtid = self._gtid
-        ts_ms = int(event.timestamp) * 1000
+        ts_ms = event.timestamp * 1000
         index = 0
         rows: Iterable[tuple[Row | None, Row | None]]
         if kind == "u":

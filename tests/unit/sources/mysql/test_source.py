@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from pymysqlreplication.event import GtidEvent, HeartbeatLogEvent, RotateEvent, XidEvent
-from pymysqlreplication.row_event import WriteRowsEvent
 
 from airflow_dblog.core.events import ChangeEvent, TableId
 from airflow_dblog.core.position import Position
@@ -25,6 +24,7 @@ from airflow_dblog.sources.mysql.binlog_reader import (
     _same_history,
     server_id_for,
 )
+from airflow_dblog.sources.mysql.binlog_stream import RowsData, _record
 from airflow_dblog.sources.mysql.connection import connect, parse_mysql_url
 from airflow_dblog.sources.mysql.dialect import DIALECT, quote_ident
 from airflow_dblog.sources.mysql.key_values import coerce_value
@@ -304,12 +304,13 @@ def _event(cls: type, end: int, **fields: Any) -> Any:
 
 
 def _trx(gtid: str, start: int, ids: list[int]) -> list[Any]:
-    """One transaction: its GTID event, one row event inserting ``ids``, its XID event."""
+    """One transaction: its GTID event, one row event inserting ``ids`` (its images standing
+    in for its bytes), its XID event."""
     uuid, gno = gtid.split(":")
     begin = _event(GtidEvent, start + 79, sid=bytes.fromhex(uuid.replace("-", "")), gno=int(gno))
     begin.packet = _packet(start + 79, 79)
-    rows = _event(WriteRowsEvent, start + 200, table_id=5, timestamp=1_700_000_000)
-    rows.images = [{"id": i} for i in ids]
+    images: Any = [{"id": i} for i in ids]
+    rows = RowsData("c", 5, 1_700_000_000, start + 200, images, 0, 0, ())
     return [begin, rows, _event(XidEvent, start + 231)]
 
 
@@ -322,8 +323,8 @@ def _read(reader: BinlogReader, events: list[Any], max_items: int) -> list[Any]:
     """``reader.read`` over ``events`` (then the server is idle), as the stream would call it."""
     feed: Iterator[Any] = iter(events)
     idle = _event(HeartbeatLogEvent, 0)
-    reader._fetch = lambda: next(feed, idle)  # type: ignore[method-assign]
-    images = lambda event: event.images  # noqa: E731
+    reader._fetch = lambda: _record(next(feed, idle))  # type: ignore[method-assign]
+    images = lambda rows: rows.data  # noqa: E731
     reader._codecs[5] = binlog_reader._TableCodec(TABLE, ("id",), images, watermark=False)
     return reader.read(max_items, 0.5)
 
