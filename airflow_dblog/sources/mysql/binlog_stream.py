@@ -101,11 +101,13 @@ class BinlogStream(BinLogStreamReader):
             timestamp, kind, server_id, size, end, _flags = _HEADER.unpack_from(data)
             op = _ROWS_OP.get(kind)
             if op is not None:
-                table_id = int.from_bytes(data[_BODY : _BODY + 6], "little")
-                if table_id not in self.table_map:  # the library filters it
-                    return self._through_library(packet)
+                table_id = _table_id(data)
+                known = 10 if kind in _ROWS_V2 else 8
+                post = _post_header(lengths, kind, known)
+                if table_id not in self.table_map or post < known:
+                    return self._through_library(packet)  # it filters, or refuses, the event
                 self.log_pos = end
-                pos = _BODY + _post_header(lengths, kind, 10 if kind in _ROWS_V2 else 8)
+                pos = _BODY + post
                 if kind in _ROWS_V2:  # extra data, its length counting its own two bytes
                     pos += int.from_bytes(data[_BODY + 8 : _BODY + 10], "little") - 2
                 columns, pos = _length_coded(data, pos)
@@ -118,7 +120,7 @@ class BinlogStream(BinLogStreamReader):
                 stop = 1 + size - checksum
                 return RowsData(op, table_id, timestamp, end, data, pos, stop, present)
             if kind == BINLOG.TABLE_MAP_EVENT:
-                if int.from_bytes(data[_BODY : _BODY + 6], "little") in self.table_map:
+                if _table_id(data) in self.table_map:
                     self.log_pos = end  # frozen schema: the library skips it too
                     continue
             elif kind == BINLOG.XID_EVENT:
@@ -147,10 +149,16 @@ class BinlogStream(BinLogStreamReader):
 
 
 def _post_header(lengths: Any, kind: int, known: int) -> int:
-    """An event type's post-header length as the format description declares it."""
+    """An event type's post-header length as the format description declares it (``known``
+    when it declares none; shorter than ``known`` is malformed, and the library says so)."""
     if lengths and 0 <= kind - 1 < len(lengths):
-        return max(int(lengths[kind - 1]), known)
+        return int(lengths[kind - 1])
     return known
+
+
+def _table_id(data: bytes) -> int:
+    """The six-byte table id that starts a rows or table map event's post-header."""
+    return int.from_bytes(data[_BODY : _BODY + 6], "little")
 
 
 def _length_coded(data: bytes, pos: int) -> tuple[int, int]:

@@ -14,6 +14,7 @@ import pytest
 from pymysql.protocol import MysqlPacket
 from pymysqlreplication.constants import BINLOG
 from pymysqlreplication.event import QueryEvent
+from pymysqlreplication.exceptions import MalformedBinLogEvent
 from pymysqlreplication.table import Table
 
 from airflow_dblog.sources.mysql.binlog_stream import Begin, BinlogStream, Commit, RowsData
@@ -122,3 +123,15 @@ def test_a_rows_event_of_a_table_the_library_did_not_map_is_not_returned() -> No
     xid = _packet(BINLOG.XID_EVENT, struct.pack("<Q", 1), end=300)
     stream = _stream([_packet(BINLOG.WRITE_ROWS_EVENT_V1, other), xid])
     assert stream.fetchone() == Commit(300)
+
+
+def test_a_rows_event_whose_declared_post_header_is_too_short_is_refused_as_the_library_does() -> (
+    None
+):
+    kind = BINLOG.WRITE_ROWS_EVENT_V1
+    stream = _stream([_packet(kind, _rows_body(kind, IMAGES))])
+    lengths = [8] * 40
+    lengths[kind - 1] = 6
+    stream._BinLogStreamReader__post_header_lengths = lengths  # type: ignore[attr-defined]
+    with pytest.raises(MalformedBinLogEvent, match="shorter than the supported minimum"):
+        stream.fetchone()
