@@ -6,8 +6,8 @@
   path and row index (one scan), the newer rows appended with their change-feed rows
   (``OptimisticTransaction.writeFiles``), the replaced rows marked deleted with deletion vectors
   built from those row indexes (kept inline in the log; Delta's own writes put them in files),
-  all in one commit of that transaction. A design measurement
-  for the sink, not its code: it tells what a write that does not MERGE would save.
+  all in one commit of that transaction. A design measurement for the sink, not its code: it
+  tells what a write that does not MERGE would save.
 
 Two tables of ROWS rows (``--files`` files each, deletion vectors and the change data feed on)
 get the same ``--rounds`` batches of ``--keys`` random existing keys and ``--inserts`` new ones,
