@@ -40,11 +40,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-COLUMNS = ["id", "name", "qty", "note", "_dblog_position", "_dblog_op", "_dblog_deleted"]
-DDL = (
-    "id INT, name STRING, qty INT, note STRING, _dblog_position STRING, _dblog_op STRING,"
-    " _dblog_deleted BOOLEAN"
-)
+from bench_delta_peer import _create_table  # the peer's table properties
+
+TYPES = {
+    "id": "INT",
+    "name": "STRING",
+    "qty": "INT",
+    "note": "STRING",
+    "_dblog_position": "STRING",
+    "_dblog_op": "STRING",
+    "_dblog_deleted": "BOOLEAN",
+}
+COLUMNS = list(TYPES)
 _ROARING_ARRAY_MAX = 4096  # a container with more values is a bitmap of 2^16 bits
 
 
@@ -85,10 +92,7 @@ def portable_bitmap(rows: list[int]) -> bytes:
 def create(spark: Any, path: str, rows: int, files: int) -> None:
     from pyspark.sql import functions as F
 
-    spark.sql(
-        f"CREATE TABLE delta.`{path}` ({DDL}) USING delta TBLPROPERTIES"
-        " ('delta.enableDeletionVectors' = 'true', 'delta.enableChangeDataFeed' = 'true')"
-    )
+    _create_table(spark, path, [[name, ddl, ""] for name, ddl in TYPES.items()])
     (
         spark.range(0, rows, numPartitions=files)
         .select(
