@@ -169,6 +169,7 @@ class Positional:
         source = F.broadcast(batch.withColumnRenamed("qty", "_qty"))
         newer = F.col("_row").isNull() | (F.col("p") > F.col("_dblog_position"))
         changed = table.join(source, "id", "right").where(newer).localCheckpoint()
+        replaced = changed.where(F.col("_row").isNotNull())  # the rest are new keys
         t2 = time.time()
         new = {c: F.col(c) for c in COLUMNS}
         new.update(
@@ -190,16 +191,12 @@ class Positional:
                     .alias("_change_type"),
                 )
             )
-            .unionByName(
-                changed.where(F.col("_row").isNotNull()).select(
-                    *COLUMNS, F.lit("update_preimage").alias("_change_type")
-                )
-            )
+            .unionByName(replaced.select(*COLUMNS, F.lit("update_preimage").alias("_change_type")))
         )
         actions = list(self.seqs.asJava(txn.writeFiles(out._jdf)))
         t3 = time.time()
         by_file: dict[str, list[int]] = {}
-        for row in changed.where(F.col("_row").isNotNull()).select("_file", "_row").collect():
+        for row in replaced.select("_file", "_row").collect():
             by_file.setdefault(row["_file"], []).append(row["_row"])
         root = log.dataPath()
         for name, rows in by_file.items():
