@@ -31,6 +31,11 @@ inserts or deletes: the table keeps ROWS keys). For each pipeline and load:
   Delta commit that holds a marker row's new value (one row updated right after the writers
   stop; both pipelines apply changes in log order, so every earlier change is in too), checked
   in the parquet files that commit added;
+- ``lag_under_load_s`` (``--lag-probes N``, under load): with the writers still running after
+  ``holds_all`` (dblog: after the dump is done), N markers one after another, 0 to 5 s apart at
+  random, each timed from its UPDATE to the Delta commit holding it: how far Delta trails the
+  source at a random point of the pipeline's batches rather than at the dump's end; the
+  writers stop after the last;
 - ``read_back``: at the end, every Delta table is read with Spark and compared value by value
   with the source as it was when its run ended;
 - ``cpu_s``: CPU seconds of the pipeline's whole process trees from the request to
@@ -41,6 +46,7 @@ inserts or deletes: the table keeps ROWS keys). For each pipeline and load:
                                                 [--chunk-size 10000] [--timeout 900]
                                                 [--debezium-version 3.6.3.Final]
                                                 [--jdbc-version 3.5.11] [--keep-logs DIR]
+                                                [--lag-probes 0]
 
 Needs the local services (scripts/services.sh up) and Java 21+ for Debezium Server. Debezium
 Server and the MariaDB JDBC driver are downloaded from Maven Central once into
@@ -58,6 +64,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -404,11 +411,52 @@ class Bench:
     timeout: float
     columns: list[list[str]]  # [name, Spark type, kind] of the table
     key: str
+    lag_probes: int = 0  # markers timed with the writers still running, after the dump
     java: str = ""
     debezium_home: Path | None = None
     prefixes: list[str] = field(default_factory=list)  # topic prefixes to delete
     # (load, pipeline) -> (table, where, snapshot of the source at the run's end)
     finished: dict[tuple[str, str], tuple[Path, str, dict[str, int]]] = field(default_factory=dict)
+
+    def _marker_seen(
+        self, pipeline: str, delta: DeltaLog, procs: list[tuple[Any, Path]]
+    ) -> float | None:
+        """Update row 0's ``note`` to a new marker; when the first Delta commit holding it was
+        made (None: not within the timeout). Writers touch ``qty`` alone, so a later image of
+        the row still carries the marker."""
+        delta.poll()  # what was committed before the marker
+        marker = f"marker-{uuid.uuid4().hex}"
+        with self.conn.cursor() as cur:
+            cur.execute(f"UPDATE `{self.db}`.bench SET note = %s WHERE id = 0", (marker,))
+        seen: list[Commit] = []
+
+        def marker_in() -> bool:
+            seen.extend(c for c in delta.poll() if delta.holds(c, self.key, 0, "note", marker))
+            return bool(seen)
+
+        if wait_until(f"{pipeline}: the marker in Delta", marker_in, procs, self.timeout):
+            return seen[0].at
+        return None
+
+    def _lag_probes(
+        self, pipeline: str, delta: DeltaLog, procs: list[tuple[Any, Path]]
+    ) -> dict[str, Any]:
+        """With the writers still running after the dump: ``lag_probes`` markers one after
+        another, each from its UPDATE to the Delta commit holding it, 0 to 5 s apart at random so
+        that they fall anywhere in the pipelines' batches."""
+        lags: list[float] = []
+        for _ in range(self.lag_probes):
+            time.sleep(random.uniform(0, 5))
+            written = time.time()
+            at = self._marker_seen(pipeline, delta, procs)
+            if at is None:
+                break
+            lags.append(round(at - written, 2))
+        return {
+            "probes": lags,
+            "median": statistics.median(lags) if lags else None,
+            "max": max(lags, default=None),
+        }
 
     def measure(
         self,
@@ -463,6 +511,9 @@ class Bench:
             result["cpu_ms_per_1k_rows"] = round(cpu * 1e6 / self.rows, 1)
             result.update(extra() if extra else {})
             writes = sum(w.writes for w in writers) - writes0
+            dumped = time.time()
+            if writers and self.lag_probes:
+                result["lag_under_load_s"] = self._lag_probes(pipeline, delta, procs)
         finally:
             for writer in writers:
                 writer.stop.set()
@@ -474,22 +525,10 @@ class Bench:
                 "target_per_s": rate,
                 "writers": len(writers),
                 "during_dump": writes,
-                "achieved_per_s": round(writes / (stopped - requested)),
+                "achieved_per_s": round(writes / (dumped - requested)),
             }
-        delta.poll()  # what was committed before the marker
-        marker = f"marker-{uuid.uuid4().hex}"
-        with self.conn.cursor() as cur:
-            cur.execute(f"UPDATE `{self.db}`.bench SET note = %s WHERE id = 0", (marker,))
-        seen: list[Commit] = []
-
-        def marker_in() -> bool:
-            seen.extend(c for c in delta.poll() if delta.holds(c, self.key, 0, "note", marker))
-            return bool(seen)
-
-        if wait_until(f"{pipeline}: the marker in Delta", marker_in, procs, self.timeout):
-            result["equal_after_writes_s"] = round(seen[0].at - stopped, 2)
-        else:
-            result["equal_after_writes_s"] = None
+        at = self._marker_seen(pipeline, delta, procs)
+        result["equal_after_writes_s"] = None if at is None else round(at - stopped, 2)
         result["cpu_s_to_equal"] = round(meter.sample() - cpu0, 2)
         names = [name for name, _, _ in self.columns]
         stamps = {name for name, ddl, _ in self.columns if ddl == "timestamp"}
@@ -815,6 +854,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--java", help="Debezium Server's java (default: the first 21+ found)")
     parser.add_argument("--keep-logs", metavar="DIR", help="copy the processes' logs here")
     parser.add_argument(
+        "--lag-probes", type=int, default=0, help="markers timed under load after the dump"
+    )
+    parser.add_argument(
         "--pipelines", default="dblog,peer,floor", help="which of dblog, peer and floor to run"
     )
     parser.add_argument("--peer-job", metavar="JSON", help=argparse.SUPPRESS)
@@ -859,6 +901,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         create_source(conn, db, args.rows)
         columns, key = table_columns(conn, db)
         bench = Bench(url, conn, db, args.rows, args.chunk_size, work, args.timeout, columns, key)
+        bench.lag_probes = args.lag_probes
         bench.java, bench.debezium_home = java or "", home
         result["floor"] = bench.run_floor(jar) if jar else None
         runs: dict[str, dict[str, Any]] = {}
@@ -890,7 +933,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
 
 def ratios(runs: dict[str, dict[str, Any]], floor: dict[str, Any] | None) -> dict[str, Any]:
-    """Per load: dblog's rows/s and CPU over the peer's, and each one's rows/s over the floor's."""
+    """Per load: dblog's rows/s, CPU and median lag under load over the peer's, and each one's
+    rows/s over the floor's."""
 
     def over(a: float | None, b: float | None) -> float | None:
         return round(a / b, 3) if a and b else None
@@ -906,6 +950,10 @@ def ratios(runs: dict[str, dict[str, Any]], floor: dict[str, Any] | None) -> dic
             ),
             "peer_over_floor_rows_per_s": over(
                 peer.get("rows_per_s"), (floor or {}).get("rows_per_s")
+            ),
+            "dblog_over_peer_lag_median": over(
+                (ours.get("lag_under_load_s") or {}).get("median"),
+                (peer.get("lag_under_load_s") or {}).get("median"),
             ),
         }
     return out
